@@ -1,0 +1,1 @@
+//! Loom models for kvfence: see tests/ (built only with `--cfg loom`).

@@ -1,0 +1,113 @@
+//! Every way a call can be refused.
+
+use crate::room_word::Phase;
+
+/// Why a call was refused. Every variant is a clean refusal: the table is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Error {
+    /// The [`Config`](crate::Config) cannot make a table.
+    InvalidConfig {
+        /// Which setting is wrong and why.
+        reason: &'static str,
+    },
+    /// The handle's room index is outside this table (forged or corrupted handle).
+    UnknownRoom {
+        /// The index the handle named.
+        index: usize,
+        /// Rooms in this table.
+        rooms: usize,
+    },
+    /// The handle was made by another table.
+    ForeignHandle,
+    /// The handle's lifecycle is over (the room was released, possibly reused) or never
+    /// began: a late ACK, a queued intent from an earlier request, a forged handle.
+    StaleHandle,
+    /// No transfer may begin: the room is aborting or draining.
+    RoomClosed {
+        /// The phase the room is in.
+        phase: Phase,
+    },
+    /// `abort` or `finish` on a room that was already aborted (double abort, finish after
+    /// abort). Once the room is released the same call gets [`Error::StaleHandle`].
+    AlreadyAborted,
+    /// `abort` or `finish` on a room that was already finished.
+    AlreadyFinished,
+    /// The rank is not below the table's `ranks` setting.
+    RankOutOfRange {
+        /// The rank given.
+        rank: u32,
+        /// The table's (or [`RankSet`](crate::RankSet)'s) rank limit.
+        max: u32,
+    },
+    /// `quiesce` of a rank that is not in the room's writer set.
+    RankNotInRoom {
+        /// The rank given.
+        rank: u32,
+    },
+    /// `open` named a rank that is fenced (its transport is torn down) and not re-admitted.
+    RankFenced {
+        /// The lowest fenced rank in the set.
+        rank: u32,
+    },
+    /// `open` of a room with zero pages.
+    NoPages,
+    /// `open` asked for more pages than the whole pool has.
+    TooManyPages {
+        /// Pages asked for.
+        requested: usize,
+        /// The pool's capacity.
+        capacity: usize,
+    },
+    /// Every room index is in use.
+    RoomTableFull,
+    /// Not enough free pages right now (nothing was claimed).
+    PoolExhausted {
+        /// Pages asked for.
+        requested: usize,
+    },
+    /// The room already carries the maximum number of concurrent transfers (2^30 - 1 holds).
+    TooManyTransfers,
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match *self {
+            Error::InvalidConfig { reason } => write!(f, "invalid kvfence config: {reason}"),
+            Error::UnknownRoom { index, rooms } => {
+                write!(f, "room index {index} is outside the table ({rooms} rooms)")
+            }
+            Error::ForeignHandle => f.write_str("room handle belongs to another table"),
+            Error::StaleHandle => {
+                f.write_str("room handle is stale: its lifecycle is over or never began")
+            }
+            Error::RoomClosed { phase } => {
+                write!(f, "room is {phase}: no new transfer may begin")
+            }
+            Error::AlreadyAborted => f.write_str("room was already aborted"),
+            Error::AlreadyFinished => f.write_str("room was already finished"),
+            Error::RankOutOfRange { rank, max } => {
+                write!(f, "writer rank {rank} is out of range (ranks are 0..{max})")
+            }
+            Error::RankNotInRoom { rank } => {
+                write!(f, "writer rank {rank} is not in this room's writer set")
+            }
+            Error::RankFenced { rank } => write!(
+                f,
+                "writer rank {rank} is fenced (transport torn down); re-admit it before opening a room that names it"
+            ),
+            Error::NoPages => f.write_str("a room needs at least one page"),
+            Error::TooManyPages { requested, capacity } => write!(
+                f,
+                "room asks for {requested} pages but the pool only has {capacity}"
+            ),
+            Error::RoomTableFull => f.write_str("every room is in use"),
+            Error::PoolExhausted { requested } => {
+                write!(f, "not enough free pages for {requested} (nothing was claimed)")
+            }
+            Error::TooManyTransfers => f.write_str("room has the maximum number of transfers in flight"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
