@@ -94,3 +94,8 @@ pub use room_word::Phase;
 pub use stats::{ClosingRoom, Stats, Usage};
 pub use table::{Aborted, Config, Fenced, Opened, Quiesced, Released, RoomTable};
 pub use writers::{RankSet, MAX_RANKS};
+
+/// The README's examples are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

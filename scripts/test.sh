@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# All tests: the README's test command and what CI runs (.ci/run calls exactly this).
+#
+#   fmt check, clippy (-D warnings), rustdoc (warnings denied), unit + integration +
+#   property + doc tests, the loom model suite and its mutation checks, the simulator's
+#   checks, and (when a nightly toolchain is present) a short fuzz smoke and Miri.
+#
+# Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==== %s ====\n' "$*"; }
+start=$(date +%s)
+
+step "rustfmt"
+cargo fmt --all -- --check
+
+step "clippy (all targets, warnings denied)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "rustdoc (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+
+step "tests: unit, integration, property, doc"
+cargo test --workspace
+
+step "loom models, and the mutations they must catch"
+bash loom-tests/run.sh
+
+step "simulator checks"
+bash sim/ci.sh
+
+if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
+    step "nightly steps skipped (SKIP_NIGHTLY=1)"
+else
+    step "fuzz smoke (nightly)"
+    bash scripts/fuzz-smoke.sh
+    step "Miri (nightly)"
+    bash scripts/miri.sh
+fi
+
+printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"
