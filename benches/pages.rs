@@ -1,0 +1,52 @@
+//! Claiming and freeing batches of 1, 16, 256 and 4096 pages, single thread.
+//!
+//! kvfence's page pool is not public: a batch claim is only reachable through `open(n)`
+//! and a batch free through the release, so `kvfence/n` is `open(n)` with no writer ranks
+//! followed by `abort`, which releases at once. That also claims and frees a room index
+//! and allocates the returned page list: the pool's own cost is lower than what is shown.
+//! `mutex_list/n` is the peers' free list: `Mutex<Vec<u32>>`, claim = `split_off` of the
+//! last n entries under the lock (one allocation, like kvfence's list), free =
+//! `extend_from_slice` under the lock. Throughput is pages per second.
+
+// `criterion_group!` generates an undocumented public function.
+#![allow(missing_docs)]
+
+mod common;
+
+use common::{config, table, Baseline, BATCHES, PAGES};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvfence::RankSet;
+use std::hint::black_box;
+
+fn pages(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pages_claim_free");
+    let table = table();
+    let list = Baseline::new(PAGES);
+    let nobody = RankSet::new();
+    for n in BATCHES {
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_with_input(BenchmarkId::new("kvfence", n), &n, |b, &n| {
+            b.iter(|| {
+                let room = table.open(black_box(n), &nobody).expect("open");
+                let aborted = table.abort(room.handle).expect("abort");
+                assert_eq!(aborted.released.map(|r| r.pages), Some(n));
+                room.pages
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("mutex_list", n), &n, |b, &n| {
+            b.iter(|| {
+                let got = list.claim_pages(black_box(n)).expect("claim");
+                list.free_pages(&got);
+                got
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = pages
+}
+criterion_main!(benches);

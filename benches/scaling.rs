@@ -1,0 +1,66 @@
+//! Independent room lifecycles on one shared table, T = 1, 2, 4, 8, 16 threads.
+//!
+//! Each thread runs whole lifecycles: open 16 pages for 8 writer ranks, 2 local transfers
+//! (begin + complete), abort, 8 ACKs (the last releases). One criterion iteration is one
+//! lifecycle, whichever thread runs it, so the reported time is wall time per lifecycle
+//! of the whole machine and the throughput is total lifecycles per second. Threads are
+//! spawned before the clock starts (see `common::run_threads`).
+//!
+//! `kvfence/T` runs on a `RoomTable`, `baseline/T` on the peer-style tracker.
+
+// `criterion_group!` generates an undocumented public function.
+#![allow(missing_docs)]
+
+mod common;
+
+use common::{
+    baseline_lifecycle, config, kvfence_lifecycle, run_threads, table, Baseline, LIFE_RANKS, PAGES,
+    THREADS,
+};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvfence::RankSet;
+
+fn scaling(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scaling_lifecycle");
+    g.throughput(Throughput::Elements(1));
+    let table = table();
+    let writers = RankSet::first(LIFE_RANKS as usize).expect("ranks in range");
+    for threads in THREADS {
+        g.bench_with_input(BenchmarkId::new("kvfence", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| {
+                run_threads(t, iters, |_, n| {
+                    for _ in 0..n {
+                        kvfence_lifecycle(&table, &writers);
+                    }
+                })
+            })
+        });
+    }
+    assert_eq!(table.stats().pages.free, PAGES, "kvfence leaked pages");
+    let tracker = Baseline::new(PAGES);
+    let ranks: Vec<u32> = (0..LIFE_RANKS).collect();
+    for threads in THREADS {
+        g.bench_with_input(BenchmarkId::new("baseline", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| {
+                run_threads(t, iters, |thread, n| {
+                    for i in 0..n {
+                        baseline_lifecycle(&tracker, (thread as u64) << 40 | i, &ranks);
+                    }
+                })
+            })
+        });
+    }
+    assert_eq!(
+        tracker.usage(),
+        (PAGES, 0),
+        "baseline leaked pages or rooms"
+    );
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = scaling
+}
+criterion_main!(benches);
