@@ -45,17 +45,20 @@ pub(crate) enum Kind {
 }
 
 fn with_hint<R>(kind: Kind, f: impl FnOnce(&Cell<usize>) -> R) -> R {
-    let f = |h: &Cell<usize>| {
-        if h.get() == usize::MAX {
-            // Spread threads far apart: Fibonacci hashing of the thread seed.
-            h.set(crate::sync::thread_seed().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 16);
-        }
-        f(h)
-    };
     match kind {
         Kind::Rooms => ROOM_HINT.with(f),
         Kind::Pages => PAGE_HINT.with(f),
     }
+}
+
+/// A thread's first scan position in a bitmap of `len` bits: its seed's bits reversed,
+/// read as a fraction of the table (the van der Corput sequence). Threads 0, 1, 2, 3, ...
+/// start at 0, 1/2, 1/4, 3/4, 1/8, ... of the table: the first 2^k threads are exactly
+/// `len / 2^k` apart, so concurrent claimers start in different words and, advancing at
+/// similar rates, stay apart.
+fn first_hint(len: usize) -> usize {
+    let fraction = (crate::sync::thread_seed() as u64).reverse_bits();
+    ((fraction as u128 * len as u128) >> 64) as usize
 }
 
 /// A fixed-size atomic bitmap of free indices.
@@ -83,7 +86,12 @@ impl Bitmap {
     }
 
     fn hint(&self) -> usize {
-        with_hint(self.kind, |h| h.get())
+        with_hint(self.kind, |h| {
+            if h.get() == usize::MAX {
+                h.set(first_hint(self.len));
+            }
+            h.get()
+        })
     }
 
     fn set_hint(&self, bit: usize) {

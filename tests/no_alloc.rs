@@ -91,7 +91,10 @@ fn hot_path_calls_do_not_allocate() {
     let h = table.open(4, &RankSet::first(1).unwrap()).unwrap().handle;
     let (n, ()) = allocations(|| {
         let _ = table.abort(h).unwrap();
-        assert!(matches!(table.quiesce(h, 0).unwrap(), Quiesced::Released(_)));
+        assert!(matches!(
+            table.quiesce(h, 0).unwrap(),
+            Quiesced::Released(_)
+        ));
     });
     assert_eq!(n, 0);
 }
