@@ -1,0 +1,166 @@
+//! Shared harness of the loom models: the model runner (bound, interleaving count) and the
+//! page arena that models page *contents*.
+//!
+//! Included by every model file with `mod common;`; not every model uses every item.
+#![allow(dead_code)]
+
+use kvfence::{Config, Released, RoomHandle, RoomTable};
+use loom::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+use std::sync::Arc as StdArc;
+use std::time::Instant;
+
+/// Exhaustive exploration (no preemption bound): the rule for 2-thread models.
+pub const EXHAUSTIVE: Option<usize> = None;
+
+/// Runs `f` under loom with the given preemption bound and prints one summary line:
+/// `loom-model <name>: threads=<n> bound=<b> interleavings=<k> time=<s>`.
+///
+/// `threads` counts the model's threads including the main one (for the report only).
+/// `LOOM_MAX_PREEMPTIONS`, if set, overrides `bound` (for experiments), as do the other
+/// `LOOM_*` variables read by `loom::model::Builder::new` (`LOOM_CHECKPOINT_FILE`,
+/// `LOOM_CHECKPOINT_INTERVAL`, `LOOM_LOCATION`, `LOOM_LOG`, `LOOM_MAX_BRANCHES`).
+pub fn check<F>(name: &str, threads: usize, bound: Option<usize>, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = bound;
+    }
+    let bound_text = match builder.preemption_bound {
+        Some(b) => b.to_string(),
+        None => "none (exhaustive)".to_string(),
+    };
+    // A plain std counter: it lives outside the model and counts executions of the closure.
+    let runs = StdArc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let start = Instant::now();
+    // The same LOOM_LOG-filtered subscriber that `loom::model` installs.
+    let subscriber = tracing_subscriber::fmt::Subscriber::builder()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("LOOM_LOG"))
+        .with_test_writer()
+        .without_time()
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        builder.check(move || {
+            counter.fetch_add(1, StdOrdering::Relaxed);
+            f();
+        });
+    });
+    let n = runs.load(StdOrdering::Relaxed);
+    assert!(n > 0, "loom explored no execution");
+    println!(
+        "loom-model {name}: threads={threads} bound={bound_text} interleavings={n} time={:.3}s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// A table of `rooms` rooms, `pages` pages and `ranks` writer ranks, shared by loom `Arc`.
+pub fn table(rooms: usize, pages: usize, ranks: usize) -> loom::sync::Arc<RoomTable> {
+    loom::sync::Arc::new(RoomTable::new(Config::new(rooms, pages, ranks)).expect("valid config"))
+}
+
+/// Id written into a page by a writer of request `req` (0 = never written).
+pub type ReqId = u64;
+
+/// Page contents: `slots` cells per page, one per writer that may write the page at the same
+/// time (different prefill ranks write different parts of a page, e.g. different KV heads).
+///
+/// Each cell is a loom `UnsafeCell` holding the id of the request that last wrote it, so two
+/// kinds of corruption are caught:
+/// * a write not ordered (happens-before) with another access to the same cell: loom
+///   reports a data race ("Causality violation"), e.g. a stale writer still writing while
+///   the page's new owner writes it;
+/// * a write that *is* ordered but comes from the wrong request: [`Arena::expect`] finds
+///   another request's id in a page the caller owns.
+pub struct Arena {
+    cells: Vec<UnsafeCell<ReqId>>,
+    slots: usize,
+}
+
+impl Arena {
+    /// `pages` pages of `slots` writer slots each, all unwritten.
+    pub fn new(pages: usize, slots: usize) -> loom::sync::Arc<Arena> {
+        loom::sync::Arc::new(Arena {
+            cells: (0..pages * slots).map(|_| UnsafeCell::new(0)).collect(),
+            slots,
+        })
+    }
+
+    fn cell(&self, page: u32, slot: usize) -> &UnsafeCell<ReqId> {
+        assert!(slot < self.slots, "slot {slot} out of range");
+        self.cells
+            .get(page as usize * self.slots + slot)
+            .unwrap_or_else(|| panic!("page {page} out of the pool"))
+    }
+
+    /// Writer `slot` of request `req` writes its part of every page in `pages`.
+    pub fn write(&self, pages: &[u32], slot: usize, req: ReqId) {
+        for &p in pages {
+            // SAFETY: loom's cell checks the access; the pointer is valid for the call.
+            self.cell(p, slot).with_mut(|c| unsafe { *c = req });
+        }
+    }
+
+    /// The new owner `req` writes all parts of every page in `pages`.
+    pub fn write_all(&self, pages: &[u32], req: ReqId) {
+        for slot in 0..self.slots {
+            self.write(pages, slot, req);
+        }
+    }
+
+    /// Asserts that every part of every page in `pages` holds `req`'s data.
+    pub fn expect(&self, pages: &[u32], req: ReqId) {
+        for &p in pages {
+            for slot in 0..self.slots {
+                // SAFETY: loom's cell checks the access; the pointer is valid for the call.
+                let got = self.cell(p, slot).with(|c| unsafe { *c });
+                assert_eq!(
+                    got, req,
+                    "page {p} slot {slot}: request {req} owns it but it holds request {got}'s data \
+                     (a stale write landed in a reused page)"
+                );
+            }
+        }
+    }
+}
+
+/// The new owner's turn on a page set it was just given: write every part, read it back.
+pub fn own_and_check(arena: &Arena, pages: &[u32], req: ReqId) {
+    arena.write_all(pages, req);
+    arena.expect(pages, req);
+}
+
+/// Asserts that `releases` holds exactly one release of lifecycle `handle`, and none of any
+/// other lifecycle; returns it.
+pub fn exactly_one(releases: &[Released], handle: RoomHandle) -> Released {
+    let of_it: Vec<_> = releases.iter().filter(|r| r.handle == handle).collect();
+    assert_eq!(
+        of_it.len(),
+        1,
+        "lifecycle {handle:?} must be released and reported exactly once, got {releases:?}"
+    );
+    *of_it[0]
+}
+
+/// Asserts the table is back at rest: every room and page free, nothing owned or held,
+/// nothing orphaned, and `releases` releases counted.
+pub fn assert_at_rest(table: &RoomTable, rooms: usize, pages: usize, releases: u64) {
+    let stats = table.stats();
+    assert_eq!(
+        (stats.rooms.free, stats.rooms.owned, stats.rooms.held),
+        (rooms, 0, 0),
+        "rooms not conserved: {stats:?}"
+    );
+    assert_eq!(
+        (stats.pages.free, stats.pages.owned, stats.pages.held),
+        (pages, 0, 0),
+        "pages not conserved: {stats:?}"
+    );
+    assert_eq!(stats.releases, releases, "release count: {stats:?}");
+    assert!(
+        table.take_orphaned().is_empty(),
+        "unexpected orphaned release"
+    );
+}

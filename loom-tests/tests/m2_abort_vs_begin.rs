@@ -1,0 +1,74 @@
+//! Model 2: `abort` races `begin_transfer` of a transfer intent still queued (not yet
+//! submitted, so no transport timeout protects it).
+//!
+//! Guarantee: the intent either gets a guard, writes and completes *before* the release, or
+//! is refused (`RoomClosed` / `StaleHandle`) and writes nothing; it never writes after the
+//! release. Whoever releases reuses the pages at once for request B and checks them; the
+//! intent's write racing B's would be a loom data race or a wrong page content.
+//!
+//! Threads: 2 (main = scheduler that aborts, one = the queued intent). Exhaustive.
+#![cfg(loom)]
+
+mod common;
+
+use common::{assert_at_rest, check, exactly_one, own_and_check, Arena, EXHAUSTIVE};
+use kvfence::{Error, Phase, RankSet, Released, RoomTable};
+use loom::thread;
+
+const A: u64 = 1;
+const B: u64 = 2;
+
+fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
+    let b = table
+        .open(2, &RankSet::new())
+        .expect("the releaser must be able to reuse the pages at once");
+    own_and_check(arena, &b.pages, B);
+    out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
+}
+
+#[test]
+fn m2_abort_vs_begin_transfer() {
+    check("m2_abort_vs_begin_transfer", 2, EXHAUSTIVE, || {
+        let table = common::table(1, 2, 1);
+        let arena = Arena::new(2, 1);
+        let a = table.open(2, &RankSet::new()).unwrap();
+        let h = a.handle;
+
+        let intent = {
+            let (table, arena) = (table.clone(), arena.clone());
+            thread::spawn(move || {
+                let mut out = Vec::new();
+                match table.begin_transfer(h) {
+                    Ok(guard) => {
+                        guard.with_pages(|pages| arena.write(pages, 0, A));
+                        if let Some(r) = guard.complete() {
+                            out.push(r);
+                            reuse(&table, &arena, &mut out);
+                        }
+                    }
+                    // Refused: the room is closed, or already released (and maybe reused).
+                    Err(Error::RoomClosed {
+                        phase: Phase::Aborting,
+                    })
+                    | Err(Error::StaleHandle) => {}
+                    Err(e) => panic!("unexpected begin_transfer error {e:?}"),
+                }
+                out
+            })
+        };
+
+        let mut releases = Vec::new();
+        let aborted = table.abort(h).expect("first abort");
+        assert!(aborted.fanout.is_empty());
+        if let Some(r) = aborted.released {
+            releases.push(r);
+            reuse(&table, &arena, &mut releases);
+        }
+        releases.extend(intent.join().unwrap());
+        let r = exactly_one(&releases, h);
+        assert_eq!((r.pages, r.phase), (2, Phase::Aborting));
+        // Whatever happened, a late intent for A is refused now.
+        assert!(matches!(table.begin_transfer(h), Err(Error::StaleHandle)));
+        assert_at_rest(&table, 1, 2, 2);
+    });
+}
