@@ -167,7 +167,7 @@ impl SimConfig {
                 self.pages
             ));
         }
-        if self.page_bytes < 8 || self.page_bytes % 8 != 0 || self.page_bytes > 1 << 20 {
+        if self.page_bytes < 8 || !self.page_bytes.is_multiple_of(8) || self.page_bytes > 1 << 20 {
             return Err(format!(
                 "--page-bytes must be a multiple of 8 in 8..=1048576, got {}",
                 self.page_bytes

@@ -35,7 +35,8 @@ pub fn table(results: &[RuleResult]) -> String {
         let _ = write!(out, "{:>12}", r.rule);
     }
     out.push('\n');
-    let rows: [(&str, fn(&RuleResult) -> String); 17] = [
+    type Row = (&'static str, fn(&RuleResult) -> String);
+    let rows: [Row; 17] = [
         ("requests completed", |r| r.completed.to_string()),
         ("requests aborted", |r| r.aborted.to_string()),
         ("corrupted requests", |r| r.corrupted_requests.to_string()),

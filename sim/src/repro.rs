@@ -52,7 +52,7 @@ fn one_run(
         .then(|| RoomTable::new(Config::new(2, 2, 1)))
         .transpose()
         .map_err(|e| e.to_string())?;
-    let in_flight = run % 2 == 0;
+    let in_flight = run.is_multiple_of(2);
     let (req_a, req_b) = (2 * run as u64 + 1, 2 * run as u64 + 2);
 
     let (room_a, pages_a) = rule
@@ -94,7 +94,7 @@ fn one_run(
             } else {
                 // Queued, missed by the drain, submitted now: kvfence checks it first.
                 let allowed = match (prefill_r, source) {
-                    (Some(t), Some(h)) => t.begin_transfer(h).map(|g| drop(g)).is_ok(),
+                    (Some(t), Some(h)) => t.begin_transfer(h).map(drop).is_ok(),
                     _ => true,
                 };
                 if allowed {

@@ -899,9 +899,9 @@ pub fn run_rule(
         }
         Ok(r)
     })
-    .and_then(|mut r| {
+    .map(|mut r| {
         r.rule = kind.name();
-        Ok(r)
+        r
     })
 }
 

@@ -1,0 +1,89 @@
+//! Runs the built binary as a user would and checks its results.
+
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvfence-sim"))
+}
+
+fn field(json: &str, rule: &str, key: &str) -> u64 {
+    let start = json
+        .find(&format!("\"rule\":\"{rule}\""))
+        .unwrap_or_else(|| panic!("no rule {rule} in {json}"));
+    let rest = &json[start..];
+    let at = rest
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("no {key} for {rule}"));
+    let digits: String = rest[at + key.len() + 3..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} of {rule} not a number"))
+}
+
+#[test]
+fn repro_naive_corrupts_every_run_and_kvfence_none() {
+    let out = bin()
+        .args(["repro", "--runs", "6", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(field(&json, "naive", "corrupted_runs"), 6);
+    assert_eq!(field(&json, "timeout", "corrupted_runs"), 6);
+    assert_eq!(field(&json, "kvfence", "corrupted_runs"), 0);
+}
+
+#[test]
+fn short_simulation_kvfence_has_no_corruption() {
+    let out = bin()
+        .args([
+            "--seconds",
+            "1",
+            "--json",
+            "--no-progress",
+            "--pages",
+            "1024",
+            "--rooms",
+            "64",
+            "--rules",
+            "naive,kvfence",
+            "--death-period-ms",
+            "400",
+            "--teardown-ms",
+            "150",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(field(&json, "kvfence", "completed") > 0);
+    assert_eq!(field(&json, "kvfence", "corrupted_requests"), 0);
+    assert_eq!(field(&json, "kvfence", "corrupted_pages"), 0);
+    assert!(json.contains("\"conservation_ok\":true"));
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_message() {
+    for args in [
+        &["--fan-in", "9"][..],
+        &["--pages", "0"],
+        &["--nope"],
+        &["repro", "--runs", "x"],
+    ] {
+        let out = bin().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("error:"), "{args:?}: {err}");
+    }
+}
