@@ -1,7 +1,9 @@
 //! The single-thread hot path of kvfence against the physical limit (a bare atomic pair).
 //!
 //! * `begin_complete`: `begin_transfer` + `complete` on an uncontended live room, next to
-//!   `fetch_add` + `fetch_sub` on an `AtomicU64` (`bare_atomic_pair`).
+//!   `fetch_add` + `fetch_sub` on an `AtomicU64` (`bare_atomic_pair`, the physical limit),
+//!   and the same pair as two load + CAS loops (`bare_cas_pair`, the limit of any design
+//!   whose hold must check the room's phase and generation before it is taken).
 //! * `quiesce`: one writer rank's ACK on a live room of 64 ranks (2 of every 64 calls also
 //!   drop the mask word's hold on the room word; none releases).
 //! * `abort_ack_release`: abort a room of 16 pages and 8 writer ranks, then the 8 ACKs, the
@@ -21,7 +23,7 @@ use common::{bare_pair, config, open_idle_room, table, OPEN_PAGES};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use kvfence::{Quiesced, RankSet, RoomHandle, RoomTable};
 use std::hint::black_box;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Ranks per room in the quiesce benchmark.
@@ -33,6 +35,9 @@ fn begin_complete(c: &mut Criterion) {
     let mut g = c.benchmark_group("begin_complete");
     let word = AtomicU64::new(0);
     g.bench_function("bare_atomic_pair", |b| b.iter(|| bare_pair(&word)));
+    // Diagnostic: the same pair done as load + CAS loops, the form every room-word
+    // transition takes (it must check phase and generation before adding a hold).
+    g.bench_function("bare_cas_pair", |b| b.iter(|| bare_cas_pair(&word)));
     let table = table();
     let room = open_idle_room(&table);
     g.bench_function("kvfence", |b| {
@@ -44,6 +49,23 @@ fn begin_complete(c: &mut Criterion) {
         })
     });
     g.finish();
+}
+
+/// `+1` then `-1` on `word`, each as a load followed by a `compare_exchange_weak` loop.
+#[inline(always)]
+fn bare_cas_pair(word: &AtomicU64) {
+    let word = black_box(word);
+    for delta in [1u64, u64::MAX] {
+        let mut cur = word.load(Ordering::Acquire);
+        while let Err(actual) = word.compare_exchange_weak(
+            cur,
+            cur.wrapping_add(delta),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            cur = actual;
+        }
+    }
 }
 
 /// Opens `n` rooms of `pages` pages for `ranks` writer ranks (untimed setup).

@@ -7,13 +7,20 @@
 //! `mutex_list/n` is the peers' free list: `Mutex<Vec<u32>>`, claim = `split_off` of the
 //! last n entries under the lock (one allocation, like kvfence's list), free =
 //! `extend_from_slice` under the lock. Throughput is pages per second.
+//!
+//! `pages_claim_free_threads`: the same with T = 2, 8, 16 threads each claiming and freeing
+//! batches of 16 pages on one shared pool (one iteration = one batch on any thread).
 
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
 
 mod common;
 
-use common::{config, table, Baseline, BATCHES, PAGES};
+use common::{config, run_threads, table, Baseline, BATCHES, PAGES};
+
+/// Batch size and thread counts of the contended variant.
+const MT_BATCH: usize = 16;
+const MT_THREADS: [usize; 3] = [2, 8, 16];
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvfence::RankSet;
 use std::hint::black_box;
@@ -40,6 +47,40 @@ fn pages(c: &mut Criterion) {
                 got
             })
         });
+    }
+    g.finish();
+
+    // Contended: T threads each claiming and freeing batches of 16 pages on one pool.
+    let mut g = c.benchmark_group("pages_claim_free_threads");
+    g.throughput(Throughput::Elements(MT_BATCH as u64));
+    for threads in MT_THREADS {
+        g.bench_with_input(BenchmarkId::new("kvfence", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| {
+                run_threads(t, iters, |_, n| {
+                    for _ in 0..n {
+                        let room = table.open(MT_BATCH, &nobody).expect("open");
+                        let aborted = table.abort(room.handle).expect("abort");
+                        assert_eq!(aborted.released.map(|r| r.pages), Some(MT_BATCH));
+                        black_box(room.pages);
+                    }
+                })
+            })
+        });
+        g.bench_with_input(
+            BenchmarkId::new("mutex_list", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    run_threads(t, iters, |_, n| {
+                        for _ in 0..n {
+                            let got = list.claim_pages(MT_BATCH).expect("claim");
+                            list.free_pages(&got);
+                            black_box(got);
+                        }
+                    })
+                })
+            },
+        );
     }
     g.finish();
 }

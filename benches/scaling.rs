@@ -6,7 +6,9 @@
 //! of the whole machine and the throughput is total lifecycles per second. Threads are
 //! spawned before the clock starts (see `common::run_threads`).
 //!
-//! `kvfence/T` runs on a `RoomTable`, `baseline/T` on the peer-style tracker.
+//! `kvfence/T` runs on one shared `RoomTable`, `baseline/T` on the peer-style tracker, and
+//! `kvfence_private/T` (a diagnostic) gives each thread a table of its own: the ideal with
+//! nothing shared, against which `kvfence/T` shows what sharing the table costs.
 
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
@@ -37,6 +39,26 @@ fn scaling(c: &mut Criterion) {
         });
     }
     assert_eq!(table.stats().pages.free, PAGES, "kvfence leaked pages");
+    // Diagnostic: the same lifecycles, each thread on a table of its own (nothing shared
+    // at all). If `kvfence/T` falls behind `kvfence_private/T`, something in the shared
+    // table (a cache line every lifecycle writes) costs the difference.
+    let most = THREADS.iter().copied().max().unwrap_or(1);
+    let tables: Vec<_> = (0..most).map(|_| common::table()).collect();
+    for threads in THREADS {
+        g.bench_with_input(
+            BenchmarkId::new("kvfence_private", threads),
+            &threads,
+            |b, &t| {
+                b.iter_custom(|iters| {
+                    run_threads(t, iters, |thread, n| {
+                        for _ in 0..n {
+                            kvfence_lifecycle(&tables[thread], &writers);
+                        }
+                    })
+                })
+            },
+        );
+    }
     let tracker = Baseline::new(PAGES);
     let ranks: Vec<u32> = (0..LIFE_RANKS).collect();
     for threads in THREADS {
