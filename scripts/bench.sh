@@ -15,6 +15,10 @@
 # the raw medians (shell tools only). Criterion's data goes to OUTDIR/criterion-LABEL
 # (CRITERION_HOME), the full log to OUTDIR/bench-LABEL.log.
 #
+# The executables are dynamically linked against glibc (>= 2.34 here): build on a machine
+# whose glibc is not newer than the one that will run them. `build` strips the copies
+# (BENCH_STRIP=0 keeps debug info).
+#
 # Tunables (environment): BENCH_WARMUP (s, default 1), BENCH_TIME (s, default 3),
 # BENCH_SAMPLES (default 20), BENCH_ONLY (space-separated subset of the benches),
 # BENCH_TIMEOUT (s per executable, default 300), BENCH_NOTE (a line added to the file).
@@ -31,7 +35,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
@@ -63,6 +67,11 @@ cmd_build() {
             | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
         [[ -n "$exe" && -x "$exe" ]] || die "no executable found for bench '$name'"
         cp -f "$exe" "$bindir/$name"
+        # The bench profile keeps debug info (~19 MB per executable); the copies do not need
+        # it (~2 MB each), so the folder is small enough to carry to another machine.
+        if [[ "${BENCH_STRIP:-1}" != 0 ]] && command -v strip >/dev/null; then
+            strip "$bindir/$name" || echo "bench.sh: strip failed, keeping $name unstripped" >&2
+        fi
         found=$((found + 1))
     done
     rm -f "$json"
