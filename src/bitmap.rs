@@ -64,7 +64,9 @@ fn first_hint(len: usize) -> usize {
 /// A fixed-size atomic bitmap of free indices.
 #[derive(Debug)]
 pub(crate) struct Bitmap {
+    /// Word `w` is `words[w * stride]`; the words in between are padding.
     words: Box<[AtomicU64]>,
+    stride: usize,
     len: usize,
     kind: Kind,
 }
@@ -72,17 +74,45 @@ pub(crate) struct Bitmap {
 impl Bitmap {
     /// A bitmap of `len` indices, all free.
     pub(crate) fn full(len: usize, kind: Kind) -> Bitmap {
-        let words = (0..len.div_ceil(64))
-            .map(|w| {
+        // Room bitmaps are small (64 rooms per word) and every lifecycle writes its room's
+        // word twice (claim, free): threads working in neighbouring words would share a
+        // cache line. Spacing the words 128 bytes apart gives each its own line pair
+        // (see `Padded`). Page bitmaps are 64x larger for the same table and their words are
+        // touched once per batch, so they stay dense: threads start `len / 2^k` bits apart.
+        let stride = match kind {
+            Kind::Rooms if !cfg!(loom) => 128 / core::mem::size_of::<AtomicU64>(),
+            _ => 1,
+        };
+        let nwords = len.div_ceil(64);
+        let words = (0..nwords * stride)
+            .map(|i| {
+                let w = i / stride;
                 let live = (len - w * 64).min(64);
-                AtomicU64::new(if live == 64 {
+                let bits = if i % stride != 0 {
+                    0
+                } else if live == 64 {
                     u64::MAX
                 } else {
                     (1u64 << live) - 1
-                })
+                };
+                AtomicU64::new(bits)
             })
             .collect();
-        Bitmap { words, len, kind }
+        Bitmap {
+            words,
+            stride,
+            len,
+            kind,
+        }
+    }
+
+    #[inline(always)]
+    fn word(&self, w: usize) -> &AtomicU64 {
+        &self.words[w * self.stride]
+    }
+
+    fn nwords(&self) -> usize {
+        self.len.div_ceil(64)
     }
 
     fn hint(&self) -> usize {
@@ -100,7 +130,7 @@ impl Bitmap {
 
     /// Words in scan order, starting with the word holding bit `start`.
     fn scan_order(&self, start: usize) -> impl Iterator<Item = usize> {
-        let n = self.words.len();
+        let n = self.nwords();
         let first = (start % self.len) / 64;
         (0..n).map(move |i| (first + i) % n)
     }
@@ -109,7 +139,7 @@ impl Bitmap {
     pub(crate) fn claim_one(&self) -> Option<usize> {
         let start = self.hint() % self.len;
         for w in self.scan_order(start) {
-            let word = &self.words[w];
+            let word = self.word(w);
             let mut cur = word.load(Ordering::Relaxed);
             loop {
                 if cur == 0 {
@@ -151,7 +181,7 @@ impl Bitmap {
             if need == 0 {
                 break;
             }
-            let word = &self.words[w];
+            let word = self.word(w);
             let mut cur = word.load(Ordering::Relaxed);
             while cur != 0 && need != 0 {
                 let take = lowest_bits(cur, need);
@@ -162,10 +192,15 @@ impl Bitmap {
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {
-                        let mut t = take;
-                        while t != 0 {
-                            out.push((w * 64) as u32 + t.trailing_zeros());
-                            t &= t - 1;
+                        let base = (w * 64) as u32;
+                        if take == u64::MAX {
+                            out.extend(base..base + 64); // a whole word: no bit loop
+                        } else {
+                            let mut t = take;
+                            while t != 0 {
+                                out.push(base + t.trailing_zeros());
+                                t &= t - 1;
+                            }
                         }
                         need -= take.count_ones() as usize;
                         self.set_hint(w * 64);
@@ -185,7 +220,9 @@ impl Bitmap {
 
     /// Frees one index.
     pub(crate) fn free_one(&self, index: usize) {
-        let prev = self.words[index / 64].fetch_or(1u64 << (index % 64), Ordering::Release);
+        let prev = self
+            .word(index / 64)
+            .fetch_or(1u64 << (index % 64), Ordering::Release);
         debug_assert_eq!(prev & (1u64 << (index % 64)), 0, "double free of {index}");
     }
 
@@ -194,21 +231,29 @@ impl Bitmap {
         let mut i = 0;
         while i < indices.len() {
             let w = indices[i] as usize / 64;
+            // A whole word claimed at once is stored as 64 ascending indices (see
+            // `claim_many`): give it back in one step.
+            if indices[i] % 64 == 0 && indices.len() - i >= 64 && indices[i + 63] == indices[i] + 63
+            {
+                let prev = self.word(w).fetch_or(u64::MAX, Ordering::Release);
+                debug_assert_eq!(prev, 0, "double free in word {w}");
+                i += 64;
+                continue;
+            }
             let mut bits = 0u64;
             while i < indices.len() && indices[i] as usize / 64 == w {
                 bits |= 1u64 << (indices[i] % 64);
                 i += 1;
             }
-            let prev = self.words[w].fetch_or(bits, Ordering::Release);
+            let prev = self.word(w).fetch_or(bits, Ordering::Release);
             debug_assert_eq!(prev & bits, 0, "double free in word {w}");
         }
     }
 
     /// Number of free indices right now (exact when no claim or free is in progress).
     pub(crate) fn count_free(&self) -> usize {
-        self.words
-            .iter()
-            .map(|w| w.load(Ordering::Relaxed).count_ones() as usize)
+        (0..self.nwords())
+            .map(|w| self.word(w).load(Ordering::Relaxed).count_ones() as usize)
             .sum()
     }
 
@@ -253,6 +298,35 @@ mod tests {
         assert_eq!(b.count_free(), 30);
         b.free_all(&got);
         assert_eq!(b.count_free(), 130);
+    }
+
+    #[test]
+    fn whole_words_and_partial_words_round_trip() {
+        let b = Bitmap::full(64 * 5 + 7, Kind::Pages);
+        let mut first = Vec::new();
+        assert!(b.claim_many(10, &mut first)); // leaves a partial word behind
+        let mut big = Vec::new();
+        assert!(b.claim_many(64 * 5 + 7 - 10, &mut big));
+        let mut all: Vec<u32> = first.iter().chain(&big).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..64 * 5 + 7).collect::<Vec<u32>>());
+        assert_eq!(b.count_free(), 0);
+        b.free_all(&big);
+        assert_eq!(b.count_free(), 64 * 5 + 7 - 10);
+        b.free_all(&first);
+        assert_eq!(b.count_free(), 64 * 5 + 7);
+    }
+
+    #[test]
+    fn room_bitmap_words_are_a_line_pair_apart() {
+        let b = Bitmap::full(200, Kind::Rooms);
+        let gap = b.word(1) as *const AtomicU64 as usize - b.word(0) as *const AtomicU64 as usize;
+        assert_eq!(gap, 128);
+        assert_eq!(b.count_free(), 200);
+        let mut seen: Vec<usize> = (0..200).map(|_| b.claim_one().unwrap()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..200).collect::<Vec<_>>());
+        assert_eq!(b.claim_one(), None);
     }
 
     #[test]

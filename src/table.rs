@@ -276,14 +276,9 @@ impl RoomTable {
     }
 
     fn fenced_set(&self) -> RankSet {
-        let mut set = RankSet::new();
-        for (i, word) in self.fenced.iter().enumerate() {
-            let bits = word.load(Ordering::Relaxed);
-            for chunk in 0..4 {
-                set.add_chunk(i * 4 + chunk, (bits >> (chunk * 16)) as u16);
-            }
-        }
-        set
+        RankSet::from_words(core::array::from_fn(|i| {
+            self.fenced[i].load(Ordering::Relaxed)
+        }))
     }
 
     /// Claims a room and `pages` pages, all or nothing, for a request written by `writers`.

@@ -151,6 +151,11 @@ impl RankSet {
         })
     }
 
+    /// The set whose 64-rank words are `words` (rank `64*i + b` is bit `b` of `words[i]`).
+    pub(crate) const fn from_words(words: [u64; MAX_RANKS / 64]) -> RankSet {
+        RankSet { bits: words }
+    }
+
     /// The 16-rank chunk `index` (ranks `16*index .. 16*index+16`), as stored in a mask word.
     pub(crate) fn chunk(&self, index: usize) -> u16 {
         let bit = index * RANKS_PER_WORD;
