@@ -460,7 +460,7 @@ fn forged_wire_values_never_panic() {
         let wire = match i % 4 {
             0 => rng.next(),
             1 => h.to_wire() ^ (1 << rng.below(64)),
-            2 => h.to_wire().wrapping_add(rng.next() % 5 << 32),
+            2 => h.to_wire().wrapping_add((rng.next() % 5) << 32),
             _ => rng.next() & 0xFFFF_FFFF_0000_0003,
         };
         let f = RoomHandle::from_wire(wire);
