@@ -1,0 +1,130 @@
+//! Model 6: `fence_rank` races the same rank's own `quiesce` (its ABORT_ACK was in flight
+//! when the integrator gave up on it and reset its transport), plus another rank's ACK.
+//!
+//! Guarantee: the rank's bit is cleared exactly once (by its ACK or by the fence, never
+//! both); the room is released exactly once, by the last of the three, and reported once;
+//! afterwards a new room naming the fenced rank is refused until it is re-admitted. The
+//! ranks' writes all landed before their ACK / the fence (that is the fence's contract), so
+//! the releaser can reuse the pages at once.
+//!
+//! `m6_fence_vs_open` covers the other race of a fence: `open` of a room naming the rank.
+//! Either the open is refused, or the room it opened does not wait on the fenced rank (the
+//! fence's scan or the opener itself quiesced it): a room is never left waiting on a rank
+//! that can no longer answer.
+//!
+//! Threads: 3 (preemption bound 3) and 2 (exhaustive).
+#![cfg(loom)]
+
+mod common;
+
+use common::{assert_at_rest, check, exactly_one, own_and_check, Arena, EXHAUSTIVE};
+use kvfence::{Error, Phase, Quiesced, RankSet, Released, RoomTable};
+use loom::thread;
+
+const A: u64 = 1;
+const B: u64 = 2;
+
+fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
+    let b = table
+        .open(2, &RankSet::new())
+        .expect("the releaser must be able to reuse the pages at once");
+    own_and_check(arena, &b.pages, B);
+    out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
+}
+
+#[test]
+fn m6_fence_vs_quiesce_same_rank() {
+    check("m6_fence_vs_quiesce_same_rank", 3, Some(3), || {
+        let table = common::table(1, 2, 2);
+        let arena = Arena::new(2, 2);
+        let both = RankSet::first(2).unwrap();
+        let a = table.open(2, &both).unwrap();
+        let h = a.handle;
+        // Both ranks' last writes landed (rank 0's before its transport was torn down).
+        arena.write(&a.pages, 0, A);
+        arena.write(&a.pages, 1, A);
+        let aborted = table.abort(h).expect("first abort");
+        assert!(
+            aborted.released.is_none(),
+            "abort released with ranks pending"
+        );
+        assert_eq!(aborted.fanout, both);
+
+        let acks: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let (table, arena) = (table.clone(), arena.clone());
+                thread::spawn(move || {
+                    let mut out = Vec::new();
+                    let cleared = match table.quiesce(h, rank) {
+                        Ok(Quiesced::Released(r)) => {
+                            out.push(r);
+                            reuse(&table, &arena, &mut out);
+                            true
+                        }
+                        Ok(Quiesced::Recorded) => true,
+                        // Rank 0 only: the fence got there first (and maybe released).
+                        Ok(Quiesced::Duplicate) | Err(Error::StaleHandle) if rank == 0 => false,
+                        other => panic!("ACK of rank {rank}: {other:?}"),
+                    };
+                    (cleared, out)
+                })
+            })
+            .collect();
+
+        let fenced = table.fence_rank(0).unwrap();
+        let mut releases = fenced.released.clone();
+        if !releases.is_empty() {
+            reuse(&table, &arena, &mut releases);
+        }
+        let mut results = acks.into_iter().map(|t| t.join().unwrap());
+        let (ack0_cleared, out0) = results.next().unwrap();
+        let (_, out1) = results.next().unwrap();
+        releases.extend(out0);
+        releases.extend(out1);
+        assert!(
+            ack0_cleared ^ (fenced.quiesced == 1),
+            "rank 0 must be cleared exactly once: by its ACK ({ack0_cleared}) or by the fence \
+             ({fenced:?})"
+        );
+        let r = exactly_one(&releases, h);
+        assert_eq!((r.pages, r.phase), (2, Phase::Aborting));
+        // The fenced rank protects no new room until re-admitted.
+        assert_eq!(
+            table.open(1, &RankSet::first(1).unwrap()).unwrap_err(),
+            Error::RankFenced { rank: 0 }
+        );
+        assert!(table.readmit_rank(0).unwrap());
+        assert_at_rest(&table, 1, 2, 2);
+    });
+}
+
+#[test]
+fn m6_fence_vs_open() {
+    check("m6_fence_vs_open", 2, EXHAUSTIVE, || {
+        let table = common::table(1, 2, 1);
+        let fencer = {
+            let table = table.clone();
+            thread::spawn(move || table.fence_rank(0).unwrap())
+        };
+        let opened = table.open(2, &RankSet::first(1).unwrap());
+        let fenced = fencer.join().unwrap();
+        assert!(
+            fenced.released.is_empty(),
+            "an OWNED room cannot be released by a fence"
+        );
+        match opened {
+            Err(Error::RankFenced { rank: 0 }) => assert_eq!(fenced.quiesced, 0),
+            Ok(b) => {
+                // Rank 0 can no longer answer: B must not wait on it.
+                let ab = table.abort(b.handle).unwrap();
+                assert!(
+                    ab.fanout.is_empty() && ab.released.is_some(),
+                    "room opened during a fence still waits on the fenced rank: {ab:?}"
+                );
+                assert!(table.take_orphaned().is_empty());
+                assert_at_rest(&table, 1, 2, 1);
+            }
+            Err(e) => panic!("open: {e:?}"),
+        }
+    });
+}
