@@ -40,6 +40,7 @@ where
     let subscriber = tracing_subscriber::fmt::Subscriber::builder()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("LOOM_LOG"))
         .with_test_writer()
+        .with_ansi(false)
         .without_time()
         .finish();
     tracing::subscriber::with_default(subscriber, || {
