@@ -19,7 +19,7 @@ use std::time::Duration;
 #[cfg(not(loom))]
 const STRIPES: usize = 32;
 #[cfg(loom)]
-const STRIPES: usize = 1;
+const STRIPES: usize = 2;
 
 /// Which counter to bump.
 #[derive(Clone, Copy, Debug)]

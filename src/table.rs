@@ -35,7 +35,10 @@
 //! waiting on a rank that can no longer answer. `open` also refuses up front a room that
 //! names a rank already fenced, so a fence never strips protection from a later room.
 //!
-//! **Waiting.** Sleepers register in `waiters`, read `seq`, check their condition and
+//! **Waiting.** A release is complete only when the pages and the room index are back, which
+//! is after the release CAS; so waits do not look at the room word's generation but at the
+//! slot's `released_below`, which the releaser advances (monotonically) as its last step.
+//! Sleepers register in `waiters`, read `seq`, check their condition and
 //! futex-wait on `seq`. A release, after its CAS, issues `fence(SeqCst)` and bumps `seq` and
 //! wakes only if `waiters != 0`: no shared write on the release path when nobody waits. The
 //! two fences make the registration and the release a store-buffer pair, so either the
@@ -156,6 +159,11 @@ struct Slot {
     npages: AtomicU32,
     /// Nanoseconds since the table's epoch at `abort`/`finish`, for `stats`.
     closed_at: AtomicU64,
+    /// Every lifecycle of a generation below this one has *finished* its release (pages
+    /// and room index back). Advanced only forward, by the releaser, after it freed the
+    /// room index; `wait_released` and `wait_idle` wait on it, not on the room word, whose
+    /// release CAS comes before the pages are back.
+    released_below: AtomicU32,
 }
 
 // SAFETY: `Slot` is shared between threads; its only non-`Sync` field is the page-list cell,
@@ -216,6 +224,7 @@ impl RoomTable {
                         pages: UnsafeCell::new(Vec::new()),
                         npages: AtomicU32::new(0),
                         closed_at: AtomicU64::new(0),
+                        released_below: AtomicU32::new(0),
                     })
                 })
                 .collect(),
@@ -640,6 +649,14 @@ impl RoomTable {
             list.len()
         });
         self.rooms_free.free_one(index);
+        // Announce "lifecycle `gen` is completely released". Once the index is free a new
+        // lifecycle can open and be released before this store; never move backwards.
+        let below = gen.wrapping_add(1);
+        let _ = slot
+            .released_below
+            .fetch_update(Ordering::Release, Ordering::Relaxed, |cur| {
+                ((below.wrapping_sub(cur) as i32) > 0).then_some(below)
+            });
         self.counters.bump(Event::Release);
         self.wake();
         Released {
@@ -694,8 +711,9 @@ impl RoomTable {
         self.waiters.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Blocks until the handle's lifecycle is released (returns at once if it already is).
-    /// Sleeps on a futex; no polling.
+    /// Blocks until the handle's lifecycle is released and its pages and room index are
+    /// back in the pool (returns at once if they already are), so an `open` right after
+    /// it can use them. Sleeps on a futex; no polling.
     ///
     /// # Errors
     /// [`Error::ForeignHandle`], [`Error::UnknownRoom`].
@@ -709,20 +727,32 @@ impl RoomTable {
     ///     s.spawn(|| table.quiesce(room.handle, 0));          // the ACK arrives
     ///     table.wait_released(room.handle)                     // and wakes us
     /// })?;
-    /// assert_eq!(table.stats().pages.held, 0);
+    /// assert_eq!(table.stats().pages.free, 64);     // back in the pool, not just "released"
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn wait_released(&self, handle: RoomHandle) -> Result<(), Error> {
         let slot = self.slot(handle)?;
+        let gen = handle.generation();
         self.wait_until(|| {
+            let released_below = slot.released_below.load(Ordering::Acquire);
             let state = slot.word.load(Ordering::Acquire);
-            state.gen() != handle.generation() || state.phase() == Phase::Free
+            // Generations compare modulo 2^32 (see `handle.rs` for the ABA bound): `behind`
+            // is how many lifecycles the room has moved past the handle's.
+            match state.gen().wrapping_sub(gen) as i32 {
+                // The handle's lifecycle: live, or (FREE) it never began.
+                0 => state.phase() == Phase::Free,
+                // Over: wait until its release has handed the pages and index back.
+                behind if behind > 0 => (released_below.wrapping_sub(gen) as i32) > 0,
+                // Ahead of the room (forged): it never began, nothing to wait for.
+                _ => true,
+            }
         });
         Ok(())
     }
 
-    /// Blocks until no room is owned or closing (shutdown drain: abort or finish every
-    /// room, then wait here for the writers and transfers to drain).
+    /// Blocks until no room is owned or closing and every release has returned its pages
+    /// (shutdown drain: abort or finish every room, then wait here for the writers and
+    /// transfers to drain). A room whose `open` is mid-way does not count.
     ///
     /// ```
     /// use kvfence::{Config, RankSet, RoomTable};
@@ -734,9 +764,12 @@ impl RoomTable {
     /// ```
     pub fn wait_idle(&self) {
         self.wait_until(|| {
-            self.slots
-                .iter()
-                .all(|slot| slot.word.load(Ordering::Acquire).phase() == Phase::Free)
+            self.slots.iter().all(|slot| {
+                let released_below = slot.released_below.load(Ordering::Acquire);
+                let state = slot.word.load(Ordering::Acquire);
+                // FREE, and no release of it still returning pages.
+                state.phase() == Phase::Free && state.gen() == released_below
+            })
         });
     }
 

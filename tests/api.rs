@@ -658,3 +658,38 @@ fn report_orphans(t: &RoomTable, reported: &std::sync::Mutex<Vec<u64>>) {
         reported.lock().unwrap().push(r.handle.to_wire());
     }
 }
+
+/// `wait_released` on a lifecycle that never began (forged generations, including the
+/// half-range edge 2^31 ahead) returns at once instead of sleeping forever; on one that is
+/// over it returns once the pages are back. (Regression: found by the property test.)
+#[test]
+fn wait_released_never_blocks_on_a_lifecycle_that_never_began() {
+    let t = std::sync::Arc::new(table(2, 8, 2));
+    let old = t.open(1, &RankSet::new()).unwrap().handle;
+    let _ = t.abort(old).unwrap();
+    let live = t.open(1, &RankSet::new()).unwrap().handle;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t2 = t.clone();
+    std::thread::spawn(move || {
+        for ahead in [
+            1u64,
+            2,
+            1 << 31,
+            (1 << 31) - 1,
+            (1 << 31) + 1,
+            u32::MAX as u64,
+        ] {
+            let forged = RoomHandle::from_wire(
+                old.to_wire().wrapping_add(ahead << 32) & !(0xFF_FFFF) | old.index() as u64,
+            );
+            if forged.generation() != live.generation() || forged.index() != live.index() {
+                t2.wait_released(forged).unwrap();
+            }
+        }
+        t2.wait_released(old).unwrap();
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("wait_released blocked on a lifecycle that never began");
+    assert_eq!(t.phase(live).unwrap(), Phase::Owned);
+}

@@ -55,15 +55,10 @@ fn m4_late_ack_after_reuse() {
 
         // Decode: wait for A's release, reuse the room and pages for B (same rank 0).
         table.wait_released(h).unwrap();
-        let b = loop {
-            // `wait_released` returns once the release CAS is done; the pages return to the
-            // pool just after it, so an `open` right then may find them still missing.
-            match table.open(2, &rank0) {
-                Ok(b) => break b,
-                Err(Error::RoomTableFull | Error::PoolExhausted { .. }) => thread::yield_now(),
-                Err(e) => panic!("open B: {e:?}"),
-            }
-        };
+        // `wait_released` returns only once A's pages and room index are back in the pool.
+        let b = table
+            .open(2, &rank0)
+            .expect("open B right after wait_released");
         assert_ne!(b.handle, h);
         own_and_check(&arena, &b.pages, B);
         prefill.join().unwrap();
