@@ -13,6 +13,44 @@
 mod model;
 
 use model::{decode, run_case, Op, Setup, SplitMix};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A case that runs this long is hung (a `wait_released`/`wait_idle` the model says must
+/// return at once, never returned): the watchdog names its seed and aborts the process,
+/// so CI fails with a reproducer instead of timing out.
+const HANG_LIMIT: Duration = Duration::from_secs(60);
+
+/// Starts the watchdog; returns the word the test stores each case's seed + 1 into.
+fn watchdog() -> &'static AtomicU64 {
+    static CURRENT: AtomicU64 = AtomicU64::new(0);
+    if cfg!(miri) {
+        // Miri interprets every poll of the watchdog too; its own deadlock detector reports
+        // a wait that never returns.
+        return &CURRENT;
+    }
+    std::thread::spawn(|| {
+        let (mut seen, mut since) = (0, Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = CURRENT.load(Ordering::Relaxed);
+            if now == u64::MAX {
+                return;
+            }
+            if now != seen {
+                (seen, since) = (now, Instant::now());
+            } else if now != 0 && since.elapsed() > HANG_LIMIT {
+                eprintln!(
+                    "prop_ops: case with KVFENCE_PROP_SEED={} hung for {HANG_LIMIT:?} \
+                     (a wait that the model says returns at once did not): aborting",
+                    now - 1
+                );
+                std::process::abort();
+            }
+        }
+    });
+    &CURRENT
+}
 
 /// Operations per case. Sequences this long reach table-full, pool-exhausted, reuse of
 /// every room index several times and stale handles from earlier lifecycles, while 10,000
@@ -47,9 +85,11 @@ fn case(seed: u64) -> (Setup, Vec<Op>) {
 fn ops_match_the_reference_model() {
     let cases = env_u64("KVFENCE_PROP_CASES", DEFAULT_CASES);
     let first = env_u64("KVFENCE_PROP_SEED", 0);
-    let start = std::time::Instant::now();
+    let start = Instant::now();
+    let current = watchdog();
     let mut steps = 0usize;
     for seed in first..first + cases {
+        current.store(seed.wrapping_add(1), Ordering::Relaxed);
         let (setup, ops) = case(seed);
         steps += ops.len();
         let outcome = std::panic::catch_unwind(|| run_case(setup, &ops));
@@ -71,6 +111,7 @@ fn ops_match_the_reference_model() {
             seed - first + 1
         );
     }
+    current.store(u64::MAX, Ordering::Relaxed);
     eprintln!(
         "prop_ops: {cases} cases, {steps} operations, all matched the model in {:.1?}",
         start.elapsed()
