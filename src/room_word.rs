@@ -16,8 +16,9 @@
 //! * `generation` numbers the room's lifecycles; a handle carries the generation it was
 //!   opened with, and every operation compares it first.
 //!
-//! Every transition is one CAS on this word, so "no transfer in flight and no writer
-//! pending" is *observed* in one load and *acted on* in one CAS: the release
+//! Every transition is one atomic read-modify-write of this word (a CAS, or for dropping
+//! an owned hold a `fetch_sub`), so "no transfer in flight and no writer pending" is
+//! *observed* and *acted on* in one RMW: the release
 //! (`ABORTING|DRAINING` with `holds == 0` -> `FREE`, generation + 1) cannot be performed
 //! twice, and cannot be performed while anyone can still add a hold, because adding a
 //! hold ([`RoomWord::begin`]) requires `OWNED` and the same generation.
@@ -43,6 +44,9 @@ const PHASE: Field = Field::after(Some(HOLDS), 2);
 
 /// The most holds a room can carry (local transfers + pending mask words).
 pub(crate) const MAX_HOLDS: u32 = HOLDS.max() as u32;
+
+/// One hold, as an addend to the raw word.
+const ONE_HOLD: u64 = HOLDS.set(0, 1);
 
 /// Where a room is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -207,13 +211,37 @@ impl RoomWord {
     }
 
     /// Drops one hold the caller owns; the call that drops the last hold of a closing room
-    /// releases it, in the same CAS.
+    /// releases it.
     ///
-    /// A generation mismatch cannot happen for a hold the caller really owns (the room
-    /// cannot be released while it is held); it is answered with `Refusal::Stale` and
-    /// changes nothing.
+    /// One `fetch_sub`, not a CAS loop: the caller *owns* the hold, so the word cannot be
+    /// in another generation or `FREE` (a held room is never released), and no check is
+    /// needed before the decrement. The decrement that takes a closing room from one hold
+    /// to zero is the deciding RMW: it observes "closing, no transfer, no writer" in the
+    /// value it returns, and from that moment the word is frozen (`begin` and `close` need
+    /// `OWNED`; every other decrement needs a hold, and none is left), so the same thread
+    /// completes the release with a plain store of `FREE`, generation + 1.
     #[inline]
     pub(crate) fn drop_hold(&self, gen: u32) -> Result<Step, Refusal> {
+        if cfg!(kvfence_naive_release) {
+            // Under the test-only mutation a hold can outlive its room; keep the checked
+            // CAS so the mutation is observed as wrong releases, not as a corrupted word.
+            return self.drop_hold_checked(gen);
+        }
+        let old = State(self.0.fetch_sub(ONE_HOLD, Ordering::AcqRel));
+        debug_assert!(
+            old.gen() == gen && old.holds() > 0 && old.phase() != Phase::Free,
+            "drop_hold without a hold: {old:?}"
+        );
+        if old.holds() == 1 && old.phase().is_closing() {
+            self.0.store(old.released().0, Ordering::Release);
+            Ok(Step::Released(old.phase()))
+        } else {
+            Ok(Step::Held)
+        }
+    }
+
+    /// `drop_hold` as a checked CAS loop (generation, phase and count verified first).
+    fn drop_hold_checked(&self, gen: u32) -> Result<Step, Refusal> {
         let (old, new) = self.transition(|s| {
             if s.gen() != gen || s.phase() == Phase::Free || s.holds() == 0 {
                 return Err(Refusal::Stale);
@@ -291,7 +319,7 @@ mod tests {
         assert_eq!(w.begin(0), Err(Refusal::Phase(Phase::Aborting)));
         assert_eq!(w.drop_hold(0), Ok(Step::Released(Phase::Aborting)));
         assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 1));
-        assert_eq!(w.drop_hold(0), Err(Refusal::Stale));
+        assert_eq!(w.drop_hold_checked(0), Err(Refusal::Stale)); // no hold left to drop
         assert_eq!(w.begin(0), Err(Refusal::Stale));
     }
 
