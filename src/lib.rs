@@ -54,7 +54,7 @@
 //! * **No reuse before proof of drain**: pages return to the pool only after every writer
 //!   rank quiesced (or was fenced with [`RoomTable::fence_rank`]) and every
 //!   [`TransferGuard`] ended.
-//! * **Exactly once**: one CAS on the room word performs each release; the call that made
+//! * **Exactly once**: one atomic read-modify-write of the room word decides each release; the call that made
 //!   it returns it ([`Released`]), or, for a dropped guard, [`RoomTable::take_orphaned`]
 //!   does. At quiescence `free + owned + held == capacity` for rooms and pages.
 //! * **Stale is harmless**: every call names a lifecycle by [`RoomHandle`]; one from an

@@ -27,7 +27,9 @@
 //! * the opener, once, with [`RoomWord::publish`] (a plain `Release` store: it owns the
 //!   room through the room bitmap, and nothing else writes a `FREE` word);
 //! * everyone else by CAS, and only while the phase is not `FREE` and the generation
-//!   matches their handle.
+//!   matches their handle; except that a hold its owner drops is one `fetch_sub`, and the
+//!   owner whose `fetch_sub` took a closing room to zero holds then stores the released
+//!   state (nothing else can change the word in between: see [`RoomWord::drop_hold`]).
 //!
 //! Orderings: every CAS is `AcqRel`. The `Release` half publishes the caller's writes to
 //! the pages (a transfer's bytes, an ACK's "I have drained") to whoever performs the
@@ -172,7 +174,7 @@ impl RoomWord {
             .store(State::new(Phase::Owned, holds, gen).0, Ordering::Release);
     }
 
-    /// The one CAS loop every transition goes through: `f` maps the current state to the
+    /// The CAS loop every checked transition goes through: `f` maps the current state to the
     /// next one or refuses.
     #[inline(always)]
     fn transition(

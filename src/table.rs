@@ -11,9 +11,10 @@
 //! | mask words | the opener (stamp), then `quiesce` (CAS) | stamp before `publish`; CAS only for the same generation |
 //! | room word | the opener (`publish`), then CAS by everyone | see `room_word.rs` |
 //!
-//! **The release.** Exactly one CAS on the room word moves a closing room with zero holds
-//! to `FREE` and bumps its generation; that CAS is inside `RoomWord::{close, drop_hold}`,
-//! so whichever call makes the last change (abort with nothing in flight, the last
+//! **The release.** Exactly one RMW on the room word observes a closing room reaching zero
+//! holds (the CAS of `RoomWord::close`, which also moves it to `FREE` with the next
+//! generation, or the `fetch_sub` of `RoomWord::drop_hold`, whose caller then stores that
+//! state), so whichever call makes the last change (abort with nothing in flight, the last
 //! `complete`, the last `quiesce`, a `fence_rank`) is the one that releases, and it says so
 //! in its return value. The winner then, and only then, reads the page list, returns the
 //! pages to the pool and finally frees the room index. The page list hand-off is race free:
