@@ -12,43 +12,27 @@
 //!   it (which releases it at once). Includes the `Vec<u32>` page list `open` returns.
 //!
 //! The baseline tracker runs the same workloads in `benches/baseline.rs`, under the same
-//! group names, so the results table can put them side by side.
+//! group names, so the results table can put them side by side; both call the one
+//! generic version of each workload in `benches/common`.
 
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
 
 mod common;
 
-use common::{bare_pair, config, open_idle_room, table, OPEN_PAGES};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use kvfence::{Quiesced, RankSet, RoomHandle, RoomTable};
+use common::{bare_pair, config, table};
+use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
-/// Ranks per room in the quiesce benchmark.
-const Q_RANKS: u32 = 64;
-/// Rooms opened per untimed setup round.
-const BATCH_ROOMS: u64 = 256;
-
-fn begin_complete(c: &mut Criterion) {
-    let mut g = c.benchmark_group("begin_complete");
+fn hot_path(c: &mut Criterion) {
     let word = AtomicU64::new(0);
-    g.bench_function("bare_atomic_pair", |b| b.iter(|| bare_pair(&word)));
-    // Diagnostic: the same pair done as load + CAS loops, the form every room-word
-    // transition takes (it must check phase and generation before adding a hold).
-    g.bench_function("bare_cas_pair", |b| b.iter(|| bare_cas_pair(&word)));
-    let table = table();
-    let room = open_idle_room(&table);
-    g.bench_function("kvfence", |b| {
-        b.iter(|| {
-            let guard = table
-                .begin_transfer(black_box(room))
-                .expect("begin_transfer");
-            black_box(guard.complete())
-        })
+    common::single_thread(c, "kvfence", table, |g| {
+        g.bench_function("bare_atomic_pair", |b| b.iter(|| bare_pair(&word)));
+        // Diagnostic: the same pair done as load + CAS loops, the form every room-word
+        // transition takes (it must check phase and generation before adding a hold).
+        g.bench_function("bare_cas_pair", |b| b.iter(|| bare_cas_pair(&word)));
     });
-    g.finish();
 }
 
 /// `+1` then `-1` on `word`, each as a load followed by a `compare_exchange_weak` loop.
@@ -68,104 +52,9 @@ fn bare_cas_pair(word: &AtomicU64) {
     }
 }
 
-/// Opens `n` rooms of `pages` pages for `ranks` writer ranks (untimed setup).
-fn open_rooms(table: &RoomTable, n: u64, pages: usize, ranks: u32) -> Vec<RoomHandle> {
-    let writers = RankSet::first(ranks as usize).expect("ranks in range");
-    (0..n)
-        .map(|_| table.open(pages, &writers).expect("open").handle)
-        .collect()
-}
-
-fn quiesce(c: &mut Criterion) {
-    let mut g = c.benchmark_group("quiesce");
-    let table = table();
-    g.bench_function("kvfence", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let rooms = open_rooms(
-                    &table,
-                    left.div_ceil(Q_RANKS as u64).min(BATCH_ROOMS),
-                    1,
-                    Q_RANKS,
-                );
-                let n = left.min(rooms.len() as u64 * Q_RANKS as u64);
-                let start = Instant::now();
-                for i in 0..n {
-                    let room = rooms[(i / Q_RANKS as u64) as usize];
-                    let out = table.quiesce(black_box(room), (i % Q_RANKS as u64) as u32);
-                    assert_eq!(out, Ok(Quiesced::Recorded));
-                }
-                total += start.elapsed();
-                left -= n;
-                // Untimed cleanup: the rest of the ACKs, then finish releases each room.
-                for i in n..rooms.len() as u64 * Q_RANKS as u64 {
-                    let room = rooms[(i / Q_RANKS as u64) as usize];
-                    let _ = table
-                        .quiesce(room, (i % Q_RANKS as u64) as u32)
-                        .expect("quiesce");
-                }
-                for room in rooms {
-                    assert!(table.finish(room).expect("finish").is_some());
-                }
-            }
-            total
-        })
-    });
-    g.finish();
-}
-
-fn abort_ack_release(c: &mut Criterion) {
-    let mut g = c.benchmark_group("abort_ack_release");
-    let table = table();
-    g.bench_function("kvfence", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let rooms = open_rooms(&table, left.min(BATCH_ROOMS), 16, 8);
-                let start = Instant::now();
-                for &room in &rooms {
-                    let aborted = table.abort(black_box(room)).expect("abort");
-                    let mut released = false;
-                    for rank in aborted.fanout.iter() {
-                        released |= matches!(
-                            table.quiesce(room, rank).expect("quiesce"),
-                            Quiesced::Released(_)
-                        );
-                    }
-                    assert!(released);
-                }
-                total += start.elapsed();
-                left -= rooms.len() as u64;
-            }
-            total
-        })
-    });
-    g.finish();
-}
-
-fn open_finish_release(c: &mut Criterion) {
-    let mut g = c.benchmark_group("open_finish_release");
-    let table = table();
-    let nobody = RankSet::new();
-    for pages in OPEN_PAGES {
-        g.bench_with_input(BenchmarkId::new("kvfence", pages), &pages, |b, &pages| {
-            b.iter(|| {
-                let room = table.open(black_box(pages), &nobody).expect("open");
-                let released = table.finish(room.handle).expect("finish");
-                assert_eq!(released.map(|r| r.pages), Some(pages));
-                room.pages
-            })
-        });
-    }
-    g.finish();
-}
-
 criterion_group! {
     name = benches;
     config = config();
-    targets = begin_complete, quiesce, abort_ack_release, open_finish_release
+    targets = hot_path
 }
 criterion_main!(benches);

@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::{bare_pair, config, open_idle_room, run_threads, table, THREADS};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use common::{bare_pair, bench_threads, config, open_idle_room, table, transfer, THREADS};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use std::sync::atomic::AtomicU64;
 
@@ -23,32 +23,19 @@ fn hot_room(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     let word = Line(AtomicU64::new(0));
     for threads in THREADS {
-        g.bench_with_input(
-            BenchmarkId::new("bare_atomic_pair", threads),
-            &threads,
-            |b, &t| {
-                b.iter_custom(|iters| {
-                    run_threads(t, iters, |_, n| {
-                        for _ in 0..n {
-                            bare_pair(&word.0);
-                        }
-                    })
-                })
-            },
-        );
+        bench_threads(&mut g, "bare_atomic_pair", threads, |_, n| {
+            for _ in 0..n {
+                bare_pair(&word.0);
+            }
+        });
     }
     let table = table();
     let room = open_idle_room(&table);
     for threads in THREADS {
-        g.bench_with_input(BenchmarkId::new("kvfence", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                run_threads(t, iters, |_, n| {
-                    for _ in 0..n {
-                        let guard = table.begin_transfer(black_box(room)).expect("begin");
-                        assert!(guard.complete().is_none());
-                    }
-                })
-            })
+        bench_threads(&mut g, "kvfence", threads, |_, n| {
+            for _ in 0..n {
+                assert!(transfer(&table, black_box(room)).is_none());
+            }
         });
     }
     g.finish();

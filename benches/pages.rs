@@ -16,14 +16,32 @@
 
 mod common;
 
-use common::{config, run_threads, table, Baseline, BATCHES, PAGES};
+use common::{bench_threads, config, table, Baseline, BATCHES, PAGES};
 
 /// Batch size and thread counts of the contended variant.
 const MT_BATCH: usize = 16;
 const MT_THREADS: [usize; 3] = [2, 8, 16];
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvfence::RankSet;
+use kvfence::{RankSet, RoomTable};
 use std::hint::black_box;
+
+/// kvfence's batch claim + free: `open(n)` with no writer ranks, then `abort` (which
+/// releases at once); returns the page list `open` allocated.
+#[inline]
+fn claim_free(table: &RoomTable, nobody: &RankSet, n: usize) -> Vec<u32> {
+    let room = table.open(n, nobody).expect("open");
+    let aborted = table.abort(room.handle).expect("abort");
+    assert_eq!(aborted.released.map(|r| r.pages), Some(n));
+    room.pages
+}
+
+/// The peers' batch claim + free on the baseline's `Mutex<Vec<u32>>` free list.
+#[inline]
+fn list_claim_free(list: &Baseline, n: usize) -> Vec<u32> {
+    let got = list.claim_pages(n).expect("claim");
+    list.free_pages(&got);
+    got
+}
 
 fn pages(c: &mut Criterion) {
     let mut g = c.benchmark_group("pages_claim_free");
@@ -33,19 +51,10 @@ fn pages(c: &mut Criterion) {
     for n in BATCHES {
         g.throughput(Throughput::Elements(n as u64));
         g.bench_with_input(BenchmarkId::new("kvfence", n), &n, |b, &n| {
-            b.iter(|| {
-                let room = table.open(black_box(n), &nobody).expect("open");
-                let aborted = table.abort(room.handle).expect("abort");
-                assert_eq!(aborted.released.map(|r| r.pages), Some(n));
-                room.pages
-            })
+            b.iter(|| claim_free(&table, &nobody, black_box(n)))
         });
         g.bench_with_input(BenchmarkId::new("mutex_list", n), &n, |b, &n| {
-            b.iter(|| {
-                let got = list.claim_pages(black_box(n)).expect("claim");
-                list.free_pages(&got);
-                got
-            })
+            b.iter(|| list_claim_free(&list, black_box(n)))
         });
     }
     g.finish();
@@ -54,33 +63,16 @@ fn pages(c: &mut Criterion) {
     let mut g = c.benchmark_group("pages_claim_free_threads");
     g.throughput(Throughput::Elements(MT_BATCH as u64));
     for threads in MT_THREADS {
-        g.bench_with_input(BenchmarkId::new("kvfence", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                run_threads(t, iters, |_, n| {
-                    for _ in 0..n {
-                        let room = table.open(MT_BATCH, &nobody).expect("open");
-                        let aborted = table.abort(room.handle).expect("abort");
-                        assert_eq!(aborted.released.map(|r| r.pages), Some(MT_BATCH));
-                        black_box(room.pages);
-                    }
-                })
-            })
+        bench_threads(&mut g, "kvfence", threads, |_, n| {
+            for _ in 0..n {
+                black_box(claim_free(&table, &nobody, MT_BATCH));
+            }
         });
-        g.bench_with_input(
-            BenchmarkId::new("mutex_list", threads),
-            &threads,
-            |b, &t| {
-                b.iter_custom(|iters| {
-                    run_threads(t, iters, |_, n| {
-                        for _ in 0..n {
-                            let got = list.claim_pages(MT_BATCH).expect("claim");
-                            list.free_pages(&got);
-                            black_box(got);
-                        }
-                    })
-                })
-            },
-        );
+        bench_threads(&mut g, "mutex_list", threads, |_, n| {
+            for _ in 0..n {
+                black_box(list_claim_free(&list, MT_BATCH));
+            }
+        });
     }
     g.finish();
 }

@@ -4,7 +4,8 @@
 //! (begin + complete), abort, 8 ACKs (the last releases). One criterion iteration is one
 //! lifecycle, whichever thread runs it, so the reported time is wall time per lifecycle
 //! of the whole machine and the throughput is total lifecycles per second. Threads are
-//! spawned before the clock starts (see `common::run_threads`).
+//! spawned before the clock starts (see `common::run_threads`; the workload is
+//! `common::scaling`, generic over the tracker).
 //!
 //! `kvfence/T` runs on one shared `RoomTable`, `baseline/T` on the peer-style tracker, and
 //! `kvfence_private/T` (a diagnostic) gives each thread a table of its own: the ideal with
@@ -15,63 +16,23 @@
 
 mod common;
 
-use common::{
-    baseline_lifecycle, config, kvfence_lifecycle, run_threads, table, Baseline, LIFE_RANKS, PAGES,
-    THREADS,
-};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvfence::RankSet;
+use common::{config, table, Baseline, PAGES, THREADS};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 fn scaling(c: &mut Criterion) {
     let mut g = c.benchmark_group("scaling_lifecycle");
     g.throughput(Throughput::Elements(1));
     let table = table();
-    let writers = RankSet::first(LIFE_RANKS as usize).expect("ranks in range");
-    for threads in THREADS {
-        g.bench_with_input(BenchmarkId::new("kvfence", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                run_threads(t, iters, |_, n| {
-                    for _ in 0..n {
-                        kvfence_lifecycle(&table, &writers);
-                    }
-                })
-            })
-        });
-    }
+    common::scaling(&mut g, "kvfence", |_| &table);
     assert_eq!(table.stats().pages.free, PAGES, "kvfence leaked pages");
     // Diagnostic: the same lifecycles, each thread on a table of its own (nothing shared
     // at all). If `kvfence/T` falls behind `kvfence_private/T`, something in the shared
     // table (a cache line every lifecycle writes) costs the difference.
     let most = THREADS.iter().copied().max().unwrap_or(1);
     let tables: Vec<_> = (0..most).map(|_| common::table()).collect();
-    for threads in THREADS {
-        g.bench_with_input(
-            BenchmarkId::new("kvfence_private", threads),
-            &threads,
-            |b, &t| {
-                b.iter_custom(|iters| {
-                    run_threads(t, iters, |thread, n| {
-                        for _ in 0..n {
-                            kvfence_lifecycle(&tables[thread], &writers);
-                        }
-                    })
-                })
-            },
-        );
-    }
+    common::scaling(&mut g, "kvfence_private", |thread| &tables[thread]);
     let tracker = Baseline::new(PAGES);
-    let ranks: Vec<u32> = (0..LIFE_RANKS).collect();
-    for threads in THREADS {
-        g.bench_with_input(BenchmarkId::new("baseline", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| {
-                run_threads(t, iters, |thread, n| {
-                    for i in 0..n {
-                        baseline_lifecycle(&tracker, (thread as u64) << 40 | i, &ranks);
-                    }
-                })
-            })
-        });
-    }
+    common::scaling(&mut g, "baseline", |_| &tracker);
     assert_eq!(
         tracker.usage(),
         (PAGES, 0),

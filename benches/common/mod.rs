@@ -1,14 +1,18 @@
 //! Shared pieces of the kvfence benchmarks: the criterion configuration, a scoped-thread
-//! harness that times only the work (not thread spawning), the workloads, and the
-//! peer-style baseline tracker (`Mutex<HashMap>` of room state + `Mutex<Vec<u32>>` free
-//! page list) that kvfence is compared against.
+//! harness that times only the work (not thread spawning), the [`Tracker`] interface that
+//! kvfence's `RoomTable` and the baseline both implement, the workloads (each written once,
+//! generic over `Tracker`, used by both `hot_path.rs` and `baseline.rs`), and the peer-style
+//! baseline tracker (`Mutex<HashMap>` of room state + `Mutex<Vec<u32>>` free page list) that
+//! kvfence is compared against.
 //!
 //! Every bench file includes this module with `mod common;` and uses only part of it.
 #![allow(dead_code)]
 
-use criterion::Criterion;
-use kvfence::{Config, Quiesced, RankSet, RoomHandle, RoomTable};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion};
+use kvfence::{Config, Quiesced, RankSet, Released, RoomHandle, RoomTable, TransferGuard};
 use std::collections::{HashMap, HashSet};
+use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -83,6 +87,19 @@ pub fn run_threads(threads: usize, iters: u64, work: impl Fn(usize, u64) + Sync)
     last - first
 }
 
+/// Benchmark `<name>/<threads>` of group `g`: each criterion iteration is one unit of
+/// work on any of `threads` threads; `work(thread, n)` runs `n` units (see [`run_threads`]).
+pub fn bench_threads(
+    g: &mut Group<'_>,
+    name: &str,
+    threads: usize,
+    work: impl Fn(usize, u64) + Sync,
+) {
+    g.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &t| {
+        b.iter_custom(|iters| run_threads(t, iters, &work))
+    });
+}
+
 /// The physical limit of a transfer hold: one `fetch_add` and one `fetch_sub` on a word.
 #[inline(always)]
 pub fn bare_pair(word: &AtomicU64) {
@@ -91,50 +108,383 @@ pub fn bare_pair(word: &AtomicU64) {
     word.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// One kvfence scaling lifecycle: open 16 pages for 8 writer ranks, 2 local transfers,
-/// abort, 8 ACKs; the last ACK releases. Panics if the protocol misbehaves (a benchmark
-/// must not silently measure a broken path).
-#[inline]
-pub fn kvfence_lifecycle(table: &RoomTable, writers: &RankSet) {
-    let room = table.open(LIFE_PAGES, writers).expect("open");
-    for _ in 0..LIFE_TRANSFERS {
-        let guard = table.begin_transfer(room.handle).expect("begin_transfer");
-        assert!(guard.complete().is_none());
-    }
-    let aborted = table.abort(room.handle).expect("abort");
-    assert!(aborted.released.is_none());
-    let mut released = 0;
-    for rank in 0..LIFE_RANKS {
-        if let Quiesced::Released(r) = table.quiesce(room.handle, rank).expect("quiesce") {
-            released += r.pages;
-        }
-    }
-    assert_eq!(released, LIFE_PAGES);
+// ---------------------------------------------------------------------------------------
+// The two trackers behind one interface, so each workload is written once.
+// ---------------------------------------------------------------------------------------
+
+/// What a `quiesce` (one rank's ACK) did, for either tracker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ack {
+    Recorded,
+    Duplicate,
+    /// Released; the number of pages returned to the pool.
+    Released(usize),
 }
 
-/// The same lifecycle on the baseline tracker; `id` must be unique among live rooms.
-#[inline]
-pub fn baseline_lifecycle(tracker: &Baseline, id: u64, writers: &[u32]) {
-    let pages = tracker.open(id, LIFE_PAGES, writers).expect("open");
-    std::hint::black_box(&pages);
-    for _ in 0..LIFE_TRANSFERS {
-        tracker.begin_transfer(id).expect("begin_transfer");
-        assert!(tracker.complete(id).expect("complete").is_none());
+/// The calls the workloads make, implemented by kvfence's [`RoomTable`] and by the
+/// [`Baseline`]. Workloads are generic over it (never `dyn`) and the methods the timed
+/// loops call are `#[inline]`, so each bench compiles to the direct calls it would make by
+/// hand (kvfence's `begin_transfer` + `complete` stay inlined into the measured loop).
+pub trait Tracker: Sync {
+    /// What names a live room (kvfence: its handle; baseline: the caller's room id).
+    type Room: Copy + Send + Sync + std::fmt::Debug;
+    /// The writer ranks of a room, as `open` takes them.
+    type Writers: Sync;
+    /// Per-thread state `open` draws room ids from (kvfence: none).
+    type Ids;
+    /// A local transfer in flight.
+    type Transfer<'a>
+    where
+        Self: 'a;
+    /// What `complete` returns when it releases the room.
+    type Release;
+    /// The ranks `abort` says must still ACK.
+    type Fanout;
+    type Error: std::fmt::Debug + PartialEq;
+
+    /// Ranks `0..ranks`.
+    fn writers(ranks: u32) -> Self::Writers;
+    /// Id state for thread number `thread` (ids of different threads never collide).
+    fn ids(thread: usize) -> Self::Ids;
+    /// Opens a room of `pages` pages written by `writers`; returns it and its page list.
+    fn open(
+        &self,
+        ids: &mut Self::Ids,
+        pages: usize,
+        writers: &Self::Writers,
+    ) -> Result<(Self::Room, Vec<u32>), Self::Error>;
+    fn begin(&self, room: Self::Room) -> Result<Self::Transfer<'_>, Self::Error>;
+    /// Ends a transfer; `Some` if that released the room.
+    fn complete(&self, transfer: Self::Transfer<'_>) -> Option<Self::Release>;
+    fn quiesce(&self, room: Self::Room, rank: u32) -> Result<Ack, Self::Error>;
+    /// Aborts; returns the ranks still to ACK and the pages released at once, if any.
+    fn abort(&self, room: Self::Room) -> Result<(Self::Fanout, Option<usize>), Self::Error>;
+    fn fanout(fanout: &Self::Fanout) -> impl Iterator<Item = u32> + '_;
+    /// Finishes; returns the pages released at once, if any.
+    fn finish(&self, room: Self::Room) -> Result<Option<usize>, Self::Error>;
+}
+
+impl Tracker for RoomTable {
+    type Room = RoomHandle;
+    type Writers = RankSet;
+    type Ids = ();
+    type Transfer<'a> = TransferGuard<'a>;
+    type Release = Released;
+    type Fanout = RankSet;
+    type Error = kvfence::Error;
+
+    fn writers(ranks: u32) -> RankSet {
+        RankSet::first(ranks as usize).expect("ranks in range")
     }
-    let aborted = tracker.abort(id).expect("abort");
-    assert!(aborted.released.is_none());
+    fn ids(_thread: usize) -> Self::Ids {}
+    #[inline]
+    fn open(
+        &self,
+        _ids: &mut (),
+        pages: usize,
+        writers: &RankSet,
+    ) -> Result<(RoomHandle, Vec<u32>), kvfence::Error> {
+        RoomTable::open(self, pages, writers).map(|o| (o.handle, o.pages))
+    }
+    #[inline(always)]
+    fn begin(&self, room: RoomHandle) -> Result<TransferGuard<'_>, kvfence::Error> {
+        self.begin_transfer(room)
+    }
+    #[inline(always)]
+    fn complete(&self, transfer: TransferGuard<'_>) -> Option<Released> {
+        transfer.complete()
+    }
+    #[inline]
+    fn quiesce(&self, room: RoomHandle, rank: u32) -> Result<Ack, kvfence::Error> {
+        RoomTable::quiesce(self, room, rank).map(|q| match q {
+            Quiesced::Recorded => Ack::Recorded,
+            Quiesced::Duplicate => Ack::Duplicate,
+            Quiesced::Released(r) => Ack::Released(r.pages),
+        })
+    }
+    #[inline]
+    fn abort(&self, room: RoomHandle) -> Result<(RankSet, Option<usize>), kvfence::Error> {
+        RoomTable::abort(self, room).map(|a| (a.fanout, a.released.map(|r| r.pages)))
+    }
+    #[inline]
+    fn fanout(fanout: &RankSet) -> impl Iterator<Item = u32> + '_ {
+        fanout.iter()
+    }
+    #[inline]
+    fn finish(&self, room: RoomHandle) -> Result<Option<usize>, kvfence::Error> {
+        RoomTable::finish(self, room).map(|r| r.map(|r| r.pages))
+    }
+}
+
+impl Tracker for Baseline {
+    type Room = u64;
+    type Writers = Vec<u32>;
+    /// The last id handed out; thread `t` starts at `t << 40`.
+    type Ids = u64;
+    type Transfer<'a> = u64;
+    type Release = usize;
+    type Fanout = usize;
+    type Error = BError;
+
+    fn writers(ranks: u32) -> Vec<u32> {
+        (0..ranks).collect()
+    }
+    fn ids(thread: usize) -> u64 {
+        (thread as u64) << 40
+    }
+    #[inline]
+    fn open(
+        &self,
+        ids: &mut u64,
+        pages: usize,
+        writers: &Vec<u32>,
+    ) -> Result<(u64, Vec<u32>), BError> {
+        *ids += 1;
+        Baseline::open(self, *ids, pages, writers).map(|p| (*ids, p))
+    }
+    #[inline(always)]
+    fn begin(&self, room: u64) -> Result<u64, BError> {
+        self.begin_transfer(room).map(|()| room)
+    }
+    #[inline(always)]
+    fn complete(&self, transfer: u64) -> Option<usize> {
+        Baseline::complete(self, transfer).expect("complete")
+    }
+    #[inline]
+    fn quiesce(&self, room: u64, rank: u32) -> Result<Ack, BError> {
+        Baseline::quiesce(self, room, rank)
+    }
+    #[inline]
+    fn abort(&self, room: u64) -> Result<(usize, Option<usize>), BError> {
+        Baseline::abort(self, room).map(|a| (a.fanout, a.released))
+    }
+    #[inline]
+    fn fanout(fanout: &usize) -> impl Iterator<Item = u32> + '_ {
+        0..*fanout as u32
+    }
+    #[inline]
+    fn finish(&self, room: u64) -> Result<Option<usize>, BError> {
+        Baseline::finish(self, room)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The workloads, each written once for both trackers.
+// ---------------------------------------------------------------------------------------
+
+/// A criterion benchmark group (wall-clock measurement).
+pub type Group<'a> = BenchmarkGroup<'a, WallTime>;
+
+/// Ranks per room in the quiesce benchmark.
+pub const Q_RANKS: u32 = 64;
+/// Rooms opened per untimed setup round.
+pub const BATCH_ROOMS: u64 = 256;
+
+/// One local transfer: begin, then complete; `Some` if completing released the room.
+#[inline(always)]
+pub fn transfer<T: Tracker>(t: &T, room: T::Room) -> Option<T::Release> {
+    let guard = t.begin(room).expect("begin_transfer");
+    t.complete(guard)
+}
+
+/// Opens a room that nothing writes and returns it (for the hold benchmarks).
+pub fn open_idle_room<T: Tracker>(t: &T) -> T::Room {
+    t.open(&mut T::ids(0), 1, &T::writers(0)).expect("open").0
+}
+
+/// Opens `n` rooms of `pages` pages for `ranks` writer ranks (untimed setup).
+pub fn open_rooms<T: Tracker>(
+    t: &T,
+    ids: &mut T::Ids,
+    n: u64,
+    pages: usize,
+    ranks: u32,
+) -> Vec<T::Room> {
+    let writers = T::writers(ranks);
+    (0..n)
+        .map(|_| t.open(ids, pages, &writers).expect("open").0)
+        .collect()
+}
+
+/// `begin_complete/<name>`: begin + complete a transfer on an uncontended live room.
+pub fn begin_complete<T: Tracker>(g: &mut Group<'_>, name: &str, t: &T) {
+    let room = open_idle_room(t);
+    g.bench_function(name, |b| b.iter(|| black_box(transfer(t, black_box(room)))));
+}
+
+/// Times `iters` operations done in rounds with untimed setup and cleanup (criterion's
+/// `iter_custom`): `setup(left)` prepares a batch for `n <= left` operations and returns it
+/// with `n`; `timed(&batch, n)` runs them and is the only part timed; `cleanup(batch, n)`.
+#[inline]
+pub fn rounds<B>(
+    iters: u64,
+    mut setup: impl FnMut(u64) -> (B, u64),
+    mut timed: impl FnMut(&B, u64),
+    mut cleanup: impl FnMut(B, u64),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let (batch, n) = setup(left);
+        let start = Instant::now();
+        timed(&batch, n);
+        total += start.elapsed();
+        left -= n;
+        cleanup(batch, n);
+    }
+    total
+}
+
+/// `quiesce/<name>`: one writer rank's ACK on a live room of 64 ranks (rooms are opened,
+/// and drained and finished, outside the timed region).
+pub fn quiesce<T: Tracker>(g: &mut Group<'_>, name: &str, t: &T) {
+    let mut ids = T::ids(0);
+    let q = Q_RANKS as u64;
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            rounds(
+                iters,
+                |left| {
+                    let rooms =
+                        open_rooms(t, &mut ids, left.div_ceil(q).min(BATCH_ROOMS), 1, Q_RANKS);
+                    let n = left.min(rooms.len() as u64 * q);
+                    (rooms, n)
+                },
+                |rooms, n| {
+                    for i in 0..n {
+                        let room = rooms[(i / q) as usize];
+                        let out = t.quiesce(black_box(room), (i % q) as u32);
+                        assert_eq!(out, Ok(Ack::Recorded));
+                    }
+                },
+                // The rest of the ACKs, then finish releases each room.
+                |rooms, n| {
+                    for i in n..rooms.len() as u64 * q {
+                        let room = rooms[(i / q) as usize];
+                        let _ = t.quiesce(room, (i % q) as u32).expect("quiesce");
+                    }
+                    for room in rooms {
+                        assert!(t.finish(room).expect("finish").is_some());
+                    }
+                },
+            )
+        })
+    });
+}
+
+/// `abort_ack_release/<name>`: abort a room of 16 pages and 8 writer ranks, then the 8
+/// ACKs, the last of which releases it (rooms are opened outside the timed region).
+pub fn abort_ack_release<T: Tracker>(g: &mut Group<'_>, name: &str, t: &T) {
+    let mut ids = T::ids(0);
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            rounds(
+                iters,
+                |left| {
+                    let rooms = open_rooms(t, &mut ids, left.min(BATCH_ROOMS), 16, 8);
+                    let n = rooms.len() as u64;
+                    (rooms, n)
+                },
+                |rooms, _| {
+                    for &room in rooms {
+                        let (fanout, _) = t.abort(black_box(room)).expect("abort");
+                        let mut released = false;
+                        for rank in T::fanout(&fanout) {
+                            released |=
+                                matches!(t.quiesce(room, rank).expect("quiesce"), Ack::Released(_));
+                        }
+                        assert!(released);
+                    }
+                },
+                |_, _| {},
+            )
+        })
+    });
+}
+
+/// `open_finish_release/<name>/<pages>`: open a room of 1, 16 or 256 pages with no writer
+/// ranks, finish it (which releases it at once). Includes the returned page list.
+pub fn open_finish_release<T: Tracker>(g: &mut Group<'_>, name: &str, t: &T) {
+    let mut ids = T::ids(0);
+    let nobody = T::writers(0);
+    for pages in OPEN_PAGES {
+        g.bench_with_input(BenchmarkId::new(name, pages), &pages, |b, &pages| {
+            b.iter(|| {
+                let (room, got) = t.open(&mut ids, black_box(pages), &nobody).expect("open");
+                assert_eq!(t.finish(room).expect("finish"), Some(pages));
+                got
+            })
+        });
+    }
+}
+
+/// A workload: adds benchmark `name` on a tracker to a group.
+pub type Workload<T> = fn(&mut Group<'_>, &str, &T);
+
+/// The single-thread workloads of `hot_path.rs` and `baseline.rs` for tracker `name`, in
+/// their groups `begin_complete`, `quiesce`, `abort_ack_release`, `open_finish_release`,
+/// each on a fresh tracker from `new`. `extra` first adds other benchmarks to the
+/// `begin_complete` group (the bare atomic pairs of `hot_path.rs`).
+pub fn single_thread<T: Tracker>(
+    c: &mut Criterion,
+    name: &str,
+    new: impl Fn() -> T,
+    extra: impl FnOnce(&mut Group<'_>),
+) {
+    let mut g = c.benchmark_group("begin_complete");
+    extra(&mut g);
+    begin_complete(&mut g, name, &new());
+    g.finish();
+    let workloads: [(&str, Workload<T>); 3] = [
+        ("quiesce", quiesce::<T>),
+        ("abort_ack_release", abort_ack_release::<T>),
+        ("open_finish_release", open_finish_release::<T>),
+    ];
+    for (group, workload) in workloads {
+        let mut g = c.benchmark_group(group);
+        workload(&mut g, name, &new());
+        g.finish();
+    }
+}
+
+/// One scaling lifecycle: open 16 pages for 8 writer ranks, 2 local transfers, abort,
+/// 8 ACKs; the last ACK releases. Panics if the protocol misbehaves (a benchmark must not
+/// silently measure a broken path).
+#[inline]
+pub fn lifecycle<T: Tracker>(t: &T, ids: &mut T::Ids, writers: &T::Writers) {
+    let (room, pages) = t.open(ids, LIFE_PAGES, writers).expect("open");
+    black_box(&pages);
+    for _ in 0..LIFE_TRANSFERS {
+        assert!(transfer(t, room).is_none());
+    }
+    let (_, released) = t.abort(room).expect("abort");
+    assert!(released.is_none());
     let mut released = 0;
     for rank in 0..LIFE_RANKS {
-        if let BQuiesced::Released(n) = tracker.quiesce(id, rank).expect("quiesce") {
+        if let Ack::Released(n) = t.quiesce(room, rank).expect("quiesce") {
             released += n;
         }
     }
     assert_eq!(released, LIFE_PAGES);
 }
 
-/// Opens a room that nothing writes and returns its handle (for the hold benchmarks).
-pub fn open_idle_room(table: &RoomTable) -> RoomHandle {
-    table.open(1, &RankSet::new()).expect("open").handle
+/// `<group>/<name>/<T>` for T in [`THREADS`]: T threads each running whole lifecycles,
+/// thread `i` on tracker `tracker_of(i)`. One iteration is one lifecycle on any thread.
+pub fn scaling<'t, T: Tracker + 't>(
+    g: &mut Group<'_>,
+    name: &str,
+    tracker_of: impl Fn(usize) -> &'t T + Sync,
+) {
+    let writers = T::writers(LIFE_RANKS);
+    for threads in THREADS {
+        bench_threads(g, name, threads, |thread, n| {
+            let tracker = tracker_of(thread);
+            let mut ids = T::ids(thread);
+            for _ in 0..n {
+                lifecycle(tracker, &mut ids, &writers);
+            }
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -157,15 +507,6 @@ pub enum BError {
     Closed,
     NotInRoom,
     PoolExhausted,
-}
-
-/// What a baseline `quiesce` did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BQuiesced {
-    Recorded,
-    Duplicate,
-    /// Released; the number of pages returned to the free list.
-    Released(usize),
 }
 
 /// What a baseline `abort` returns: how many ranks must still be told, and the release
@@ -257,18 +598,18 @@ impl Baseline {
     }
 
     /// Records that `rank` is done with room `id` (its ACK).
-    pub fn quiesce(&self, id: u64, rank: u32) -> Result<BQuiesced, BError> {
+    pub fn quiesce(&self, id: u64, rank: u32) -> Result<Ack, BError> {
         let mut rooms = lock(&self.rooms);
         let room = rooms.get_mut(&id).ok_or(BError::UnknownRoom)?;
         if !room.writers.contains(&rank) {
             return Err(BError::NotInRoom);
         }
         if !room.acked.insert(rank) {
-            return Ok(BQuiesced::Duplicate);
+            return Ok(Ack::Duplicate);
         }
         Ok(match self.maybe_release(rooms, id) {
-            Some(n) => BQuiesced::Released(n),
-            None => BQuiesced::Recorded,
+            Some(n) => Ack::Released(n),
+            None => Ack::Recorded,
         })
     }
 
