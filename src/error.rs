@@ -3,6 +3,23 @@
 use crate::room_word::Phase;
 
 /// Why a call was refused. Every variant is a clean refusal: the table is unchanged.
+///
+/// Stale operations are the expected, harmless case in a running system (a late ACK, a
+/// queued intent of an aborted request); the others are usually integration bugs.
+///
+/// ```
+/// use kvfence::{Config, Error, RankSet, RoomTable};
+/// let table = RoomTable::new(Config::new(4, 16, 4))?;
+/// let room = table.open(2, &RankSet::first(1)?)?;
+/// match table.quiesce(room.handle, 9) {
+///     Err(Error::RankOutOfRange { rank, max }) => assert_eq!((rank, max), (9, 4)),
+///     other => panic!("{other:?}"),
+/// }
+/// let _ = table.abort(room.handle)?;
+/// assert_eq!(table.abort(room.handle), Err(Error::AlreadyAborted));
+/// println!("{}", Error::AlreadyAborted); // "room was already aborted"
+/// # Ok::<(), kvfence::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Error {
