@@ -10,26 +10,14 @@
 
 mod common;
 
-use common::{assert_at_rest, check, exactly_one, own_and_check, Arena, EXHAUSTIVE};
-use kvfence::{Phase, RankSet, Released, RoomTable};
+use common::{assert_at_rest, check, exactly_one, reuse, Arena, A, EXHAUSTIVE};
+use kvfence::{Phase, RankSet};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-const A: u64 = 1;
-const B: u64 = 2;
-
 /// The releaser's duty: open a new room on the freed pages, write them as B, check them,
 /// and finish B (which releases it at once: nothing holds it).
-fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
-    let b = table
-        .open(2, &RankSet::new())
-        .expect("the releaser must be able to reuse the pages at once");
-    own_and_check(arena, &b.pages, B);
-    let r = table.finish(b.handle).expect("finish B");
-    out.push(r.expect("B holds nothing: finish releases it"));
-}
-
 #[test]
 fn m1_abort_vs_transfer_in_flight() {
     check("m1_abort_vs_transfer_in_flight", 2, EXHAUSTIVE, || {

@@ -11,20 +11,9 @@
 
 mod common;
 
-use common::{assert_at_rest, check, exactly_one, own_and_check, Arena, EXHAUSTIVE};
-use kvfence::{Error, Phase, RankSet, Released, RoomTable};
+use common::{assert_at_rest, check, exactly_one, reuse, Arena, A, EXHAUSTIVE};
+use kvfence::{Error, Phase, RankSet};
 use loom::thread;
-
-const A: u64 = 1;
-const B: u64 = 2;
-
-fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
-    let b = table
-        .open(2, &RankSet::new())
-        .expect("the releaser must be able to reuse the pages at once");
-    own_and_check(arena, &b.pages, B);
-    out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
-}
 
 #[test]
 fn m2_abort_vs_begin_transfer() {

@@ -10,14 +10,11 @@
 
 mod common;
 
-use common::{assert_at_rest, check, exactly_one, own_and_check, Arena};
+use common::{assert_at_rest, check, exactly_one, own_and_check, Arena, A, B};
 use kvfence::{Error, Phase, Quiesced, RankSet, Released, RoomTable};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-
-const A: u64 = 1;
-const B: u64 = 2;
 
 /// Releaser's duty: assert it was the last of the three, then reuse the pages for B.
 fn on_release(r: Released, ended: &AtomicUsize, table: &RoomTable, arena: &Arena) -> Vec<Released> {

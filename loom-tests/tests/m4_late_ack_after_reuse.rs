@@ -11,12 +11,9 @@
 
 mod common;
 
-use common::{assert_at_rest, check, own_and_check, Arena, EXHAUSTIVE};
+use common::{assert_at_rest, check, own_and_check, Arena, A, B, EXHAUSTIVE};
 use kvfence::{Error, Phase, Quiesced, RankSet};
 use loom::thread;
-
-const A: u64 = 1;
-const B: u64 = 2;
 
 #[test]
 fn m4_late_ack_after_reuse() {

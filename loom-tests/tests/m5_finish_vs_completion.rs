@@ -14,22 +14,11 @@
 
 mod common;
 
-use common::{assert_at_rest, check, exactly_one, own_and_check, Arena, EXHAUSTIVE};
-use kvfence::{Error, Phase, Quiesced, RankSet, Released, RoomTable};
+use common::{assert_at_rest, check, exactly_one, own_and_check, reuse, Arena, A, B, EXHAUSTIVE};
+use kvfence::{Error, Phase, Quiesced, RankSet};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-
-const A: u64 = 1;
-const B: u64 = 2;
-
-fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
-    let b = table
-        .open(2, &RankSet::new())
-        .expect("the releaser must be able to reuse the pages at once");
-    own_and_check(arena, &b.pages, B);
-    out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
-}
 
 #[test]
 fn m5_finish_vs_completion() {

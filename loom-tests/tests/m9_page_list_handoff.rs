@@ -15,12 +15,9 @@
 
 mod common;
 
-use common::{check, exactly_one, own_and_check, Arena, EXHAUSTIVE};
+use common::{check, exactly_one, own_and_check, Arena, A, B, EXHAUSTIVE};
 use kvfence::{Error, RankSet, RoomHandle};
 use loom::thread;
-
-const A: u64 = 1;
-const B: u64 = 2;
 
 #[test]
 fn m9_page_list_handoff() {

@@ -127,6 +127,23 @@ impl Arena {
     }
 }
 
+/// Request ids the models use: `A` is the request whose pages are at stake, `B` the request
+/// that reuses them after A's release.
+pub const A: ReqId = 1;
+/// See [`A`].
+pub const B: ReqId = 2;
+
+/// Whoever performed A's release reuses its two pages at once for request B (no writer
+/// ranks), writes and checks them, and finishes B (which releases it: B holds nothing).
+/// A stale write of A racing this is a loom data race or a wrong page content.
+pub fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
+    let b = table
+        .open(2, &kvfence::RankSet::new())
+        .expect("the releaser must be able to reuse the pages at once");
+    own_and_check(arena, &b.pages, B);
+    out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
+}
+
 /// The new owner's turn on a page set it was just given: write every part, read it back.
 pub fn own_and_check(arena: &Arena, pages: &[u32], req: ReqId) {
     arena.write_all(pages, req);
