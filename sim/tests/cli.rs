@@ -6,6 +6,17 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kvfence-sim"))
 }
 
+/// Runs the binary with `args`, requires exit status 0, returns its stdout.
+fn run_ok(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn field(json: &str, rule: &str, key: &str) -> u64 {
     let start = json
         .find(&format!("\"rule\":\"{rule}\""))
@@ -25,16 +36,7 @@ fn field(json: &str, rule: &str, key: &str) -> u64 {
 
 #[test]
 fn repro_naive_corrupts_every_run_and_kvfence_none() {
-    let out = bin()
-        .args(["repro", "--runs", "6", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = String::from_utf8(out.stdout).unwrap();
+    let json = run_ok(&["repro", "--runs", "6", "--json"]);
     assert_eq!(field(&json, "naive", "corrupted_runs"), 6);
     assert_eq!(field(&json, "timeout", "corrupted_runs"), 6);
     assert_eq!(field(&json, "kvfence", "corrupted_runs"), 0);
@@ -42,31 +44,22 @@ fn repro_naive_corrupts_every_run_and_kvfence_none() {
 
 #[test]
 fn short_simulation_kvfence_has_no_corruption() {
-    let out = bin()
-        .args([
-            "--seconds",
-            "1",
-            "--json",
-            "--no-progress",
-            "--pages",
-            "1024",
-            "--rooms",
-            "64",
-            "--rules",
-            "naive,kvfence",
-            "--death-period-ms",
-            "400",
-            "--teardown-ms",
-            "150",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = String::from_utf8(out.stdout).unwrap();
+    let json = run_ok(&[
+        "--seconds",
+        "1",
+        "--json",
+        "--no-progress",
+        "--pages",
+        "1024",
+        "--rooms",
+        "64",
+        "--rules",
+        "naive,kvfence",
+        "--death-period-ms",
+        "400",
+        "--teardown-ms",
+        "150",
+    ]);
     assert!(field(&json, "kvfence", "completed") > 0);
     assert_eq!(field(&json, "kvfence", "corrupted_requests"), 0);
     assert_eq!(field(&json, "kvfence", "corrupted_pages"), 0);
