@@ -21,6 +21,7 @@
 //! the previous owner did before freeing (the releaser's reads of a room's page list) is
 //! visible to the next claimer.
 
+use crate::error::Error;
 use crate::sync::{thread_local, AtomicU64, Ordering};
 use std::cell::Cell;
 
@@ -72,8 +73,9 @@ pub(crate) struct Bitmap {
 }
 
 impl Bitmap {
-    /// A bitmap of `len` indices, all free.
-    pub(crate) fn full(len: usize, kind: Kind) -> Bitmap {
+    /// A bitmap of `len` indices, all free ([`Error::OutOfMemory`] if it cannot be
+    /// allocated).
+    pub(crate) fn try_full(len: usize, kind: Kind) -> Result<Bitmap, Error> {
         // Room bitmaps are small (64 rooms per word) and every lifecycle writes its room's
         // word twice (claim, free): threads working in neighbouring words would share a
         // cache line. Spacing the words 128 bytes apart gives each its own line pair
@@ -84,26 +86,30 @@ impl Bitmap {
             _ => 1,
         };
         let nwords = len.div_ceil(64);
-        let words = (0..nwords * stride)
-            .map(|i| {
-                let w = i / stride;
-                let live = (len - w * 64).min(64);
-                let bits = if i % stride != 0 {
-                    0
-                } else if live == 64 {
-                    u64::MAX
-                } else {
-                    (1u64 << live) - 1
-                };
-                AtomicU64::new(bits)
-            })
-            .collect();
-        Bitmap {
+        let words = crate::table::try_boxed(nwords * stride, |i| {
+            let w = i / stride;
+            let live = (len - w * 64).min(64);
+            let bits = if i % stride != 0 {
+                0
+            } else if live == 64 {
+                u64::MAX
+            } else {
+                (1u64 << live) - 1
+            };
+            AtomicU64::new(bits)
+        })?;
+        Ok(Bitmap {
             words,
             stride,
             len,
             kind,
-        }
+        })
+    }
+
+    /// [`try_full`](Self::try_full) for tests, where memory does not run out.
+    #[cfg(test)]
+    pub(crate) fn full(len: usize, kind: Kind) -> Bitmap {
+        Self::try_full(len, kind).unwrap()
     }
 
     #[inline(always)]

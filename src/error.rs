@@ -35,8 +35,10 @@ pub enum Error {
         /// Rooms in this table.
         rooms: usize,
     },
-    /// The handle was made by another table.
-    ForeignHandle,
+    /// The handle was not made by this table: it is another table's (another process's),
+    /// or it was forged, corrupted or zero-filled on the way (its check does not match,
+    /// see [`RoomHandle`](crate::RoomHandle)).
+    InvalidHandle,
     /// The handle's lifecycle is over (the room was released, possibly reused) or never
     /// began: a late ACK, a queued intent from an earlier request, a forged handle.
     StaleHandle,
@@ -85,6 +87,12 @@ pub enum Error {
     },
     /// The room already carries the maximum number of concurrent transfers (2^30 - 1 holds).
     TooManyTransfers,
+    /// The table's memory could not be allocated (nothing was allocated; the process goes
+    /// on).
+    OutOfMemory {
+        /// The size of the allocation that failed.
+        bytes: usize,
+    },
 }
 
 impl core::fmt::Display for Error {
@@ -94,7 +102,9 @@ impl core::fmt::Display for Error {
             Error::UnknownRoom { index, rooms } => {
                 write!(f, "room index {index} is outside the table ({rooms} rooms)")
             }
-            Error::ForeignHandle => f.write_str("room handle belongs to another table"),
+            Error::InvalidHandle => f.write_str(
+                "room handle was not made by this table (another table's, forged or corrupted)",
+            ),
             Error::StaleHandle => {
                 f.write_str("room handle is stale: its lifecycle is over or never began")
             }
@@ -123,6 +133,9 @@ impl core::fmt::Display for Error {
                 write!(f, "not enough free pages for {requested} (nothing was claimed)")
             }
             Error::TooManyTransfers => f.write_str("room has the maximum number of transfers in flight"),
+            Error::OutOfMemory { bytes } => {
+                write!(f, "could not allocate {bytes} bytes for the room table")
+            }
         }
     }
 }

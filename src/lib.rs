@@ -69,7 +69,9 @@
 //!
 //! `sync` (std/loom shim), `pack` (bit fields), `room_word` (the lifecycle word),
 //! `writers` (rank sets and generation-tagged mask words), `bitmap` (free lists),
-//! `handle`, `table` (the protocol), `guard`, `stats`, `error`. Each opens with an
+//! `handle` (keyed handles and their wire form), `table` (open, transfers, ACKs, close,
+//! release), `fence` (fence and readmit), `wait` (per-room parking), `guard`, `stats`,
+//! `error`. Each opens with an
 //! "Implementation details" section; `DESIGN.md`-level reasoning lives there, next to the
 //! code it justifies.
 
@@ -78,6 +80,7 @@
 
 mod bitmap;
 mod error;
+mod fence;
 mod guard;
 mod handle;
 mod pack;
@@ -85,14 +88,16 @@ mod room_word;
 mod stats;
 mod sync;
 mod table;
+mod wait;
 mod writers;
 
 pub use error::Error;
+pub use fence::Fenced;
 pub use guard::TransferGuard;
 pub use handle::{RoomHandle, MAX_ROOMS};
 pub use room_word::Phase;
 pub use stats::{ClosingRoom, Stats, Usage};
-pub use table::{Aborted, Config, Fenced, Opened, Quiesced, Released, RoomTable};
+pub use table::{Aborted, Config, Opened, Quiesced, Released, RoomTable};
 pub use writers::{RankSet, MAX_RANKS};
 
 /// The README's examples are compiled and run as doctests.

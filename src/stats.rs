@@ -13,6 +13,7 @@
 
 use crate::room_word::Phase;
 use crate::sync::{AtomicU64, Ordering, Padded};
+use crate::table::NOT_CLOSED;
 use crate::{RankSet, RoomHandle};
 use std::time::Duration;
 
@@ -119,4 +120,109 @@ pub struct Stats {
     /// Releases performed by a dropped [`TransferGuard`](crate::TransferGuard), delivered
     /// through [`RoomTable::take_orphaned`](crate::RoomTable::take_orphaned).
     pub orphaned_releases: u64,
+}
+
+/// How often `stats` re-reads a room that changed lifecycle under it before it gives up on
+/// that room for this snapshot (it is then between lifecycles: counted as free).
+const STATS_RETRIES: usize = 8;
+
+impl crate::RoomTable {
+    /// A snapshot of occupancy, closing rooms and event counts (see [`Stats`]).
+    /// Allocates the list of closing rooms; it is not a hot-path call.
+    ///
+    /// Each room is read consistently: its phase, page count, pending ranks and closing
+    /// time all belong to one lifecycle (the page count and closing time are tagged with
+    /// their generation; a room caught between lifecycles is re-read). A room closed so
+    /// recently that its closing time is not stored yet shows `closing_for` zero.
+    ///
+    /// ```
+    /// use kvfence::{Config, RankSet, RoomTable};
+    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
+    /// let room = table.open(5, &RankSet::first(3)?)?;
+    /// let _ = table.abort(room.handle)?;
+    /// let _ = table.quiesce(room.handle, 1)?;
+    /// let stats = table.stats();
+    /// assert_eq!(stats.pages.held, 5);
+    /// assert_eq!(stats.pages.total(), 64);
+    /// assert_eq!(stats.closing[0].waiting_on, RankSet::from_ranks([0, 2])?);
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats {
+            fenced: self.fenced_set(),
+            releases: self.counters.sum(Event::Release),
+            stale_refused: self.counters.sum(Event::Stale),
+            duplicate_acks: self.counters.sum(Event::Duplicate),
+            orphaned_releases: self.counters.sum(Event::Orphan),
+            ..Stats::default()
+        };
+        let now_ms = self.now_ms();
+        for index in 0..self.slots.len() {
+            if let Some(room) = self.room_snapshot(index, now_ms) {
+                match room.phase {
+                    Phase::Owned => {
+                        stats.rooms.owned += 1;
+                        stats.pages.owned += room.pages;
+                    }
+                    _ => {
+                        stats.rooms.held += 1;
+                        stats.pages.held += room.pages;
+                        stats.closing.push(room);
+                    }
+                }
+            }
+        }
+        stats.rooms.free = self.rooms_free.count_free();
+        stats.pages.free = self.pages_free.count_free();
+        stats
+    }
+
+    /// One room, read consistently (`None` if it is free or kept changing).
+    fn room_snapshot(&self, index: usize, now_ms: u32) -> Option<ClosingRoom> {
+        let slot = &self.slots[index].0;
+        for _ in 0..STATS_RETRIES {
+            let state = slot.word.load(Ordering::Acquire);
+            if state.phase() == Phase::Free {
+                return None;
+            }
+            let (sized_gen, pages) = split(slot.sized.load(Ordering::Relaxed));
+            let (closed_gen, closed_ms) = split(slot.closed_at.load(Ordering::Relaxed));
+            let mut waiting_on = RankSet::new();
+            let mut words = 0;
+            for word in 0..self.mask_words {
+                let mask = self.mask(index, word).load(Ordering::Acquire);
+                if mask.gen() == state.gen() && mask.pending() != 0 {
+                    waiting_on.add_chunk(word, mask.pending());
+                    words += 1;
+                }
+            }
+            // The reads above belong to `state`'s lifecycle only if the word did not move
+            // on meanwhile (a new lifecycle restamps the size before it publishes).
+            let again = slot.word.load(Ordering::Acquire);
+            if again != state || sized_gen != state.gen() {
+                continue;
+            }
+            let closing_for = if state.phase().is_closing()
+                && closed_gen == state.gen()
+                && closed_ms != NOT_CLOSED
+            {
+                Duration::from_millis(u64::from(now_ms.wrapping_sub(closed_ms)))
+            } else {
+                Duration::ZERO
+            };
+            return Some(ClosingRoom {
+                handle: self.handle(index, state.gen()),
+                phase: state.phase(),
+                waiting_on,
+                transfers: state.holds().saturating_sub(words),
+                pages: pages as usize,
+                closing_for,
+            });
+        }
+        None
+    }
+}
+
+fn split(word: u64) -> (u32, u32) {
+    ((word >> 32) as u32, word as u32)
 }

@@ -28,37 +28,24 @@
 //! pushed to an orphan list ([`RoomTable::take_orphaned`]) under a mutex: it is the cold,
 //! abnormal path (usually unwinding), never the lifecycle hot path.
 //!
-//! **Fencing vs. opening.** `fence_rank` sets the rank's fenced bit and then scans the room
-//! words; `open` publishes its room word and then reads the fenced bits. With a
-//! `fence(SeqCst)` between the write and the read on both sides (the store-buffer pattern)
-//! at least one of them sees the other: either the scan finds the room and quiesces the
-//! rank, or `open` sees the bit and quiesces the rank itself. So a room is never left
-//! waiting on a rank that can no longer answer. `open` also refuses up front a room that
-//! names a rank already fenced, so a fence never strips protection from a later room.
+//! **Fencing.** See `fence.rs`: `fence_rank` and `readmit_rank` are serialised by a
+//! mutex (cold paths), and `open` re-checks the fenced set after publishing its room,
+//! rolling the room back if a writer was fenced meanwhile.
 //!
-//! **Waiting.** A release is complete only when the pages and the room index are back, which
-//! is after the release CAS; so waits do not look at the room word's generation but at the
-//! slot's `released_below`, which the releaser advances (monotonically) as its last step.
-//! Sleepers register in `waiters`, read `seq`, check their condition and
-//! futex-wait on `seq`. A release, after its CAS, issues `fence(SeqCst)` and bumps `seq` and
-//! wakes only if `waiters != 0`: no shared write on the release path when nobody waits. The
-//! two fences make the registration and the release a store-buffer pair, so either the
-//! releaser sees the waiter (and wakes it) or the waiter sees the release (and does not
-//! sleep); a bump that lands between the waiter's read of `seq` and its sleep makes the
-//! futex compare fail.
+//! **Waiting.** See `wait.rs`: each room has its own waiter count, lock and condition
+//! variable, so a release wakes only the threads waiting on that room, and a release of a
+//! room nobody waits on touches no shared line.
 
 use crate::bitmap::{Bitmap, Kind};
 use crate::error::Error;
-use crate::handle::{RoomHandle, MAX_ROOMS};
+use crate::handle::{HandleKey, RoomHandle, MAX_ROOMS};
 use crate::room_word::{Phase, Refusal, RoomWord, Step};
-use crate::stats::{ClosingRoom, Counters, Event, Stats};
-use crate::sync::{
-    fence, futex_wait, futex_wake_all, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Padded,
-    UnsafeCell,
-};
+use crate::stats::{Counters, Event};
+use crate::sync::{fence, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Padded, UnsafeCell};
+use crate::wait::Parking;
 use crate::writers::{Cleared, MaskRefusal, MaskWord, RankSet, MAX_RANKS, RANKS_PER_WORD};
 use crate::TransferGuard;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The sizes of a [`RoomTable`], fixed at construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,31 +127,37 @@ pub enum Quiesced {
     Released(Released),
 }
 
-/// What [`RoomTable::fence_rank`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Fenced {
-    /// Live rooms in which the rank was still pending and is now quiesced.
-    pub quiesced: usize,
-    /// Rooms that this fence released (they waited on nothing else).
-    pub released: Vec<Released>,
+/// Packs a generation with a 32-bit value (`gen << 32 | value`): slot fields that must be
+/// read together with the lifecycle they belong to.
+const fn tagged(gen: u32, value: u32) -> u64 {
+    (gen as u64) << 32 | value as u64
 }
+
+/// `closed_at` value meaning "this lifecycle has not closed (yet)".
+pub(crate) const NOT_CLOSED: u32 = u32::MAX;
 
 /// One room's slot. Padded so that rooms used by different threads never share a line.
 #[derive(Debug)]
-struct Slot {
-    word: RoomWord,
+pub(crate) struct Slot {
+    pub(crate) word: RoomWord,
     /// Pages of the current lifecycle. Written only by the claimer of the room index before
     /// `publish`; read by guards (which hold the room) and by the releaser.
     pages: UnsafeCell<Vec<u32>>,
-    /// `pages.len()`, readable without the cell for `stats`.
-    npages: AtomicU32,
-    /// Nanoseconds since the table's epoch at `abort`/`finish`, for `stats`.
-    closed_at: AtomicU64,
+    /// `tagged(generation, page count)` of the latest lifecycle, stored by its opener before
+    /// `publish`: `stats` uses the count only when the tag matches the room word it read.
+    pub(crate) sized: AtomicU64,
+    /// `tagged(generation, milliseconds since the table's epoch)` at `abort`/`finish`,
+    /// `tagged(generation, NOT_CLOSED)` from `open` until then. The closer only replaces
+    /// the exact value its own lifecycle's opener stored, so a late closer of an earlier
+    /// lifecycle can never overwrite a newer one's time.
+    pub(crate) closed_at: AtomicU64,
     /// Every lifecycle of a generation below this one has *finished* its release (pages
     /// and room index back). Advanced only forward, by the releaser, after it freed the
     /// room index; `wait_released` and `wait_idle` wait on it, not on the room word, whose
     /// release CAS comes before the pages are back.
-    released_below: AtomicU32,
+    pub(crate) released_below: AtomicU32,
+    /// Threads waiting for this room's releases (see `wait.rs`).
+    pub(crate) parking: Parking,
 }
 
 // SAFETY: `Slot` is shared between threads; its only non-`Sync` field is the page-list cell,
@@ -175,33 +168,47 @@ struct Slot {
 // happens-after the releaser is done.
 unsafe impl Sync for Slot {}
 
+/// Builds a boxed slice of `n` values without aborting the process when memory runs out.
+pub(crate) fn try_boxed<T>(n: usize, mut f: impl FnMut(usize) -> T) -> Result<Box<[T]>, Error> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Error::OutOfMemory {
+            bytes: n.saturating_mul(core::mem::size_of::<T>()),
+        });
+    }
+    v.extend((0..n).map(&mut f));
+    Ok(v.into_boxed_slice())
+}
+
 /// The lock-free room table: the whole kvfence core.
 ///
 /// See the [crate docs](crate) for the protocol and an example.
 #[derive(Debug)]
 pub struct RoomTable {
-    slots: Box<[Padded<Slot>]>,
+    pub(crate) slots: Box<[Padded<Slot>]>,
     /// Mask words: room `i` uses `masks[i * stride ..][.. words]`.
     masks: Box<[MaskWord]>,
     mask_stride: usize,
-    mask_words: usize,
-    rooms_free: Bitmap,
-    pages_free: Bitmap,
+    pub(crate) mask_words: usize,
+    pub(crate) rooms_free: Bitmap,
+    pub(crate) pages_free: Bitmap,
     ranks: u32,
-    tag: u8,
-    fenced: [AtomicU64; MAX_RANKS / 64],
-    counters: Counters,
-    waiters: Padded<AtomicU32>,
-    seq: Padded<AtomicU32>,
+    key: HandleKey,
+    pub(crate) fenced: [AtomicU64; MAX_RANKS / 64],
+    /// Serialises `fence_rank` scans with `readmit_rank` (see `fence.rs`).
+    pub(crate) fence_lock: Mutex<()>,
+    pub(crate) counters: Counters,
     orphans: Mutex<Vec<Released>>,
-    epoch: Instant,
+    pub(crate) epoch: Instant,
 }
 
 impl RoomTable {
     /// A table with every room and page free and no rank fenced.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] if a size is zero or above its limit.
+    /// [`Error::InvalidConfig`] if a size is zero or above its limit;
+    /// [`Error::OutOfMemory`] if the table's memory cannot be allocated (the process does
+    /// not abort).
     ///
     /// ```
     /// use kvfence::{Config, Error, RoomTable};
@@ -218,30 +225,26 @@ impl RoomTable {
             mask_words.next_multiple_of(16)
         };
         Ok(RoomTable {
-            slots: (0..config.rooms)
-                .map(|_| {
-                    Padded(Slot {
-                        word: RoomWord::new(),
-                        pages: UnsafeCell::new(Vec::new()),
-                        npages: AtomicU32::new(0),
-                        closed_at: AtomicU64::new(0),
-                        released_below: AtomicU32::new(0),
-                    })
+            slots: try_boxed(config.rooms, |_| {
+                Padded(Slot {
+                    word: RoomWord::new(),
+                    pages: UnsafeCell::new(Vec::new()),
+                    sized: AtomicU64::new(0),
+                    closed_at: AtomicU64::new(tagged(0, NOT_CLOSED)),
+                    released_below: AtomicU32::new(0),
+                    parking: Parking::new(),
                 })
-                .collect(),
-            masks: (0..config.rooms * mask_stride)
-                .map(|_| MaskWord::new())
-                .collect(),
+            })?,
+            masks: try_boxed(config.rooms * mask_stride, |_| MaskWord::new())?,
             mask_stride,
             mask_words,
-            rooms_free: Bitmap::full(config.rooms, Kind::Rooms),
-            pages_free: Bitmap::full(config.pages, Kind::Pages),
+            rooms_free: Bitmap::try_full(config.rooms, Kind::Rooms)?,
+            pages_free: Bitmap::try_full(config.pages, Kind::Pages)?,
             ranks: config.ranks as u32,
-            tag: crate::sync::next_table_tag(),
+            key: HandleKey::random(),
             fenced: core::array::from_fn(|_| AtomicU64::new(0)),
+            fence_lock: Mutex::new(()),
             counters: Counters::new(),
-            waiters: Padded(AtomicU32::new(0)),
-            seq: Padded(AtomicU32::new(0)),
             orphans: Mutex::new(Vec::new()),
             epoch: Instant::now(),
         })
@@ -252,13 +255,20 @@ impl RoomTable {
         Config::new(self.slots.len(), self.pages_free.len(), self.ranks as usize)
     }
 
-    fn mask(&self, index: usize, word: usize) -> &MaskWord {
+    pub(crate) fn mask(&self, index: usize, word: usize) -> &MaskWord {
         &self.masks[index * self.mask_stride + word]
     }
 
-    fn slot(&self, handle: RoomHandle) -> Result<&Slot, Error> {
-        if handle.tag() != self.tag {
-            return Err(Error::ForeignHandle);
+    /// The handle of lifecycle `gen` of room `index` of this table.
+    pub(crate) fn handle(&self, index: usize, gen: u32) -> RoomHandle {
+        self.key.handle(index, gen)
+    }
+
+    /// Checks that this table made `handle` (see `handle.rs`) and returns its slot.
+    #[inline]
+    pub(crate) fn slot(&self, handle: RoomHandle) -> Result<&Slot, Error> {
+        if !self.key.made(handle) {
+            return Err(Error::InvalidHandle);
         }
         match self.slots.get(handle.index()) {
             Some(slot) => Ok(&slot.0),
@@ -269,7 +279,7 @@ impl RoomTable {
         }
     }
 
-    fn check_rank(&self, rank: u32) -> Result<(), Error> {
+    pub(crate) fn check_rank(&self, rank: u32) -> Result<(), Error> {
         if rank >= self.ranks {
             return Err(Error::RankOutOfRange {
                 rank,
@@ -285,10 +295,9 @@ impl RoomTable {
         Error::StaleHandle
     }
 
-    fn fenced_set(&self) -> RankSet {
-        RankSet::from_words(core::array::from_fn(|i| {
-            self.fenced[i].load(Ordering::Relaxed)
-        }))
+    /// Milliseconds since the table's epoch, wrapping, never [`NOT_CLOSED`].
+    pub(crate) fn now_ms(&self) -> u32 {
+        (self.epoch.elapsed().as_millis() % u128::from(NOT_CLOSED)) as u32
     }
 
     /// Claims a room and `pages` pages, all or nothing, for a request written by `writers`.
@@ -299,8 +308,9 @@ impl RoomTable {
     ///
     /// # Errors
     /// [`Error::NoPages`], [`Error::TooManyPages`], [`Error::RankOutOfRange`],
-    /// [`Error::RankFenced`], [`Error::RoomTableFull`], [`Error::PoolExhausted`]. On error
-    /// nothing was claimed.
+    /// [`Error::RankFenced`] (also when a writer is fenced while `open` runs: see
+    /// [`fence_rank`](Self::fence_rank)), [`Error::RoomTableFull`],
+    /// [`Error::PoolExhausted`]. On error nothing was claimed.
     ///
     /// ```
     /// use kvfence::{Config, RankSet, RoomTable};
@@ -323,7 +333,7 @@ impl RoomTable {
         if let Some(max) = writers.max() {
             self.check_rank(max)?;
         }
-        if let Some(rank) = writers.intersection(&self.fenced_set()).iter().next() {
+        if let Some(rank) = self.first_fenced(writers) {
             return Err(Error::RankFenced { rank });
         }
         let index = self.rooms_free.claim_one().ok_or(Error::RoomTableFull)?;
@@ -343,8 +353,11 @@ impl RoomTable {
             self.rooms_free.free_one(index);
             return Err(Error::PoolExhausted { requested: pages });
         };
-        slot.npages.store(pages as u32, Ordering::Relaxed);
         let gen = slot.word.load(Ordering::Relaxed).gen();
+        slot.sized
+            .store(tagged(gen, pages as u32), Ordering::Relaxed);
+        slot.closed_at
+            .store(tagged(gen, NOT_CLOSED), Ordering::Relaxed);
         let mut holds = 0;
         for word in 0..self.mask_words {
             let chunk = writers.chunk(word);
@@ -352,22 +365,35 @@ impl RoomTable {
             holds += u32::from(chunk != 0);
         }
         slot.word.publish(gen, holds);
-        let handle = RoomHandle::new(index, self.tag, gen);
 
         // A `fence_rank` racing with us may have set its bit after our check above and
-        // scanned the room words before our publish. Then it is our job to quiesce it.
+        // scanned the room words before our publish. Store-buffer pairing (see `fence.rs`):
+        // after this fence we see its bit, or its scan sees our room. If we see it, the
+        // room must not be handed out (the caller would route writes to the rank's next
+        // incarnation after a readmit): roll it back and refuse.
         fence(Ordering::SeqCst);
-        for rank in writers.intersection(&self.fenced_set()).iter() {
-            // The room is OWNED, so this cannot normally release; it can if a forged handle
-            // already closed it, in which case the event must not be lost.
-            if let Ok(Quiesced::Released(r)) = self.quiesce_in(index, gen, rank) {
-                self.orphan(r);
-            }
+        if let Some(rank) = self.first_fenced(writers) {
+            self.roll_back(index, gen, writers);
+            return Err(Error::RankFenced { rank });
         }
         Ok(Opened {
-            handle,
+            handle: self.handle(index, gen),
             pages: list,
         })
+    }
+
+    /// Undoes an `open` whose handle was never handed out: every writer is quiesced and the
+    /// room closed, which releases it at once (nothing else can hold a room nobody knows,
+    /// short of a forged handle; if one did, its holder releases later through the orphan
+    /// list, as for any dropped guard).
+    fn roll_back(&self, index: usize, gen: u32, writers: &RankSet) {
+        for rank in writers.iter() {
+            // Owned room: clearing writers cannot release it.
+            let _ = self.quiesce_in(index, gen, rank);
+        }
+        if let Ok(Step::Released(phase)) = self.slots[index].0.word.close(gen, Phase::Aborting) {
+            let _ = self.release_quietly(index, gen, phase);
+        }
     }
 
     /// Starts a local transfer on the room's pages: the room cannot be released until the
@@ -379,7 +405,7 @@ impl RoomTable {
     ///
     /// # Errors
     /// [`Error::RoomClosed`] (aborting or draining), [`Error::StaleHandle`],
-    /// [`Error::ForeignHandle`], [`Error::UnknownRoom`], [`Error::TooManyTransfers`].
+    /// [`Error::InvalidHandle`], [`Error::UnknownRoom`], [`Error::TooManyTransfers`].
     ///
     /// ```
     /// use kvfence::{Config, Error, RankSet, RoomTable};
@@ -439,7 +465,7 @@ impl RoomTable {
     /// # Errors
     /// [`Error::StaleHandle`] for an ACK of an earlier lifecycle (the room was released and
     /// maybe reused: nothing is touched), [`Error::RankOutOfRange`],
-    /// [`Error::RankNotInRoom`], [`Error::ForeignHandle`], [`Error::UnknownRoom`].
+    /// [`Error::RankNotInRoom`], [`Error::InvalidHandle`], [`Error::UnknownRoom`].
     ///
     /// ```
     /// use kvfence::{Config, Quiesced, RankSet, RoomTable};
@@ -478,7 +504,7 @@ impl RoomTable {
     }
 
     /// Clears `rank` in lifecycle `gen` of room `index`; drops the word's hold if it empties.
-    fn quiesce_in(&self, index: usize, gen: u32, rank: u32) -> Result<Quiesced, Error> {
+    pub(crate) fn quiesce_in(&self, index: usize, gen: u32, rank: u32) -> Result<Quiesced, Error> {
         let word = self.mask(index, rank as usize / RANKS_PER_WORD);
         let bit = 1u16 << (rank as usize % RANKS_PER_WORD);
         match word.clear(gen, bit) {
@@ -505,7 +531,7 @@ impl RoomTable {
     ///
     /// # Errors
     /// [`Error::AlreadyAborted`], [`Error::AlreadyFinished`], [`Error::StaleHandle`] (already
-    /// released), [`Error::ForeignHandle`], [`Error::UnknownRoom`].
+    /// released), [`Error::InvalidHandle`], [`Error::UnknownRoom`].
     ///
     /// ```
     /// use kvfence::{Config, RankSet, RoomTable};
@@ -553,8 +579,15 @@ impl RoomTable {
         match slot.word.close(gen, to) {
             Ok(Step::Released(phase)) => Ok(Some(self.release(handle.index(), gen, phase))),
             Ok(Step::Held) => {
-                let now = self.epoch.elapsed().as_nanos() as u64;
-                slot.closed_at.store(now, Ordering::Relaxed);
+                // Only this lifecycle's "not closed" value is replaced: a closer that runs
+                // late, after the room was released and reopened, finds the newer opener's
+                // value and changes nothing.
+                let _ = slot.closed_at.compare_exchange(
+                    tagged(gen, NOT_CLOSED),
+                    tagged(gen, self.now_ms()),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
                 Ok(None)
             }
             Err(Refusal::Stale) => Err(self.stale()),
@@ -564,70 +597,11 @@ impl RoomTable {
         }
     }
 
-    /// Declares that `rank` can no longer write anywhere: the integrator has torn down its
-    /// transport (QP reset, memory-region invalidation). Quiesces the rank in every live
-    /// room, reports what that released, and refuses new rooms naming the rank until
-    /// [`readmit_rank`](Self::readmit_rank).
-    ///
-    /// Only call this once no write from the rank can land any more: the table cannot check
-    /// it, and it is the only way besides the rank's own ACK to stop waiting on it.
-    /// Allocates (the list of releases); it is not a hot-path call.
-    ///
-    /// # Errors
-    /// [`Error::RankOutOfRange`].
-    ///
-    /// ```
-    /// use kvfence::{Config, Error, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(2, &RankSet::first(1)?)?;
-    /// let _ = table.abort(room.handle)?;                      // rank 0 never answers...
-    /// let fenced = table.fence_rank(0)?;                      // ...its QP was reset
-    /// assert_eq!(fenced.released.len(), 1);
-    /// assert_eq!(table.open(1, &RankSet::first(1)?), Err(Error::RankFenced { rank: 0 }));
-    /// assert!(table.readmit_rank(0)?);
-    /// # Ok::<(), kvfence::Error>(())
-    /// ```
-    pub fn fence_rank(&self, rank: u32) -> Result<Fenced, Error> {
-        self.check_rank(rank)?;
-        let r = rank as usize;
-        self.fenced[r / 64].fetch_or(1u64 << (r % 64), Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let mut out = Fenced::default();
-        for index in 0..self.slots.len() {
-            let state = self.slots[index].0.word.load(Ordering::Acquire);
-            if state.phase() == Phase::Free {
-                continue;
-            }
-            match self.quiesce_in(index, state.gen(), rank) {
-                Ok(Quiesced::Recorded) => out.quiesced += 1,
-                Ok(Quiesced::Released(released)) => {
-                    out.quiesced += 1;
-                    out.released.push(released);
-                }
-                // Not a writer of this room, already quiesced, or released meanwhile.
-                Ok(Quiesced::Duplicate) | Err(_) => {}
-            }
-        }
-        Ok(out)
-    }
-
-    /// Re-admits a fenced rank (it has a new transport connection). Returns whether it was
-    /// fenced.
-    ///
-    /// # Errors
-    /// [`Error::RankOutOfRange`].
-    pub fn readmit_rank(&self, rank: u32) -> Result<bool, Error> {
-        self.check_rank(rank)?;
-        let r = rank as usize;
-        let bit = 1u64 << (r % 64);
-        Ok(self.fenced[r / 64].fetch_and(!bit, Ordering::SeqCst) & bit != 0)
-    }
-
     /// The phase of the handle's lifecycle: `Free` once it has been released (or if it
     /// never began).
     ///
     /// # Errors
-    /// [`Error::ForeignHandle`], [`Error::UnknownRoom`].
+    /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
     pub fn phase(&self, handle: RoomHandle) -> Result<Phase, Error> {
         let state = self.slot(handle)?.word.load(Ordering::Acquire);
         Ok(if state.gen() == handle.generation() {
@@ -638,8 +612,15 @@ impl RoomTable {
     }
 
     /// The release: the caller won the CAS that moved room `index` from lifecycle `gen` to
-    /// `FREE`. Returns the pages, then the index, then wakes sleepers.
-    fn release(&self, index: usize, gen: u32, phase: Phase) -> Released {
+    /// `FREE`. Returns the pages, then the index, then wakes this room's waiters.
+    pub(crate) fn release(&self, index: usize, gen: u32, phase: Phase) -> Released {
+        let released = self.release_quietly(index, gen, phase);
+        self.counters.bump(Event::Release);
+        released
+    }
+
+    /// [`release`](Self::release) without counting it (an `open` rolled back).
+    fn release_quietly(&self, index: usize, gen: u32, phase: Phase) -> Released {
         let slot = &self.slots[index].0;
         let pages = slot.pages.with(|list| {
             // SAFETY: we won the release CAS (Acquire), so every guard of this lifecycle is
@@ -658,10 +639,9 @@ impl RoomTable {
             .fetch_update(Ordering::Release, Ordering::Relaxed, |cur| {
                 ((below.wrapping_sub(cur) as i32) > 0).then_some(below)
             });
-        self.counters.bump(Event::Release);
-        self.wake();
+        slot.parking.notify();
         Released {
-            handle: RoomHandle::new(index, self.tag, gen),
+            handle: self.handle(index, gen),
             pages,
             phase,
         }
@@ -690,157 +670,11 @@ impl RoomTable {
     pub fn take_orphaned(&self) -> Vec<Released> {
         core::mem::take(&mut *lock(&self.orphans))
     }
-
-    fn wake(&self) {
-        fence(Ordering::SeqCst);
-        if self.waiters.load(Ordering::Relaxed) != 0 {
-            self.seq.fetch_add(1, Ordering::Release);
-            futex_wake_all(&self.seq);
-        }
-    }
-
-    fn wait_until(&self, done: impl Fn() -> bool) {
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        loop {
-            let seq = self.seq.load(Ordering::Acquire);
-            if done() {
-                break;
-            }
-            futex_wait(&self.seq, seq);
-        }
-        self.waiters.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Blocks until the handle's lifecycle is released and its pages and room index are
-    /// back in the pool (returns at once if they already are), so an `open` right after
-    /// it can use them. Sleeps on a futex; no polling.
-    ///
-    /// # Errors
-    /// [`Error::ForeignHandle`], [`Error::UnknownRoom`].
-    ///
-    /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(1, &RankSet::first(1)?)?;
-    /// let _ = table.abort(room.handle)?;
-    /// std::thread::scope(|s| {
-    ///     s.spawn(|| table.quiesce(room.handle, 0));          // the ACK arrives
-    ///     table.wait_released(room.handle)                     // and wakes us
-    /// })?;
-    /// assert_eq!(table.stats().pages.free, 64);     // back in the pool, not just "released"
-    /// # Ok::<(), kvfence::Error>(())
-    /// ```
-    pub fn wait_released(&self, handle: RoomHandle) -> Result<(), Error> {
-        let slot = self.slot(handle)?;
-        let gen = handle.generation();
-        self.wait_until(|| {
-            let released_below = slot.released_below.load(Ordering::Acquire);
-            let state = slot.word.load(Ordering::Acquire);
-            // Generations compare modulo 2^32 (see `handle.rs` for the ABA bound): `behind`
-            // is how many lifecycles the room has moved past the handle's.
-            match state.gen().wrapping_sub(gen) as i32 {
-                // The handle's lifecycle: live, or (FREE) it never began.
-                0 => state.phase() == Phase::Free,
-                // Over: wait until its release has handed the pages and index back.
-                behind if behind > 0 => (released_below.wrapping_sub(gen) as i32) > 0,
-                // Ahead of the room (forged): it never began, nothing to wait for.
-                _ => true,
-            }
-        });
-        Ok(())
-    }
-
-    /// Blocks until no room is owned or closing and every release has returned its pages
-    /// (shutdown drain: abort or finish every room, then wait here for the writers and
-    /// transfers to drain). A room whose `open` is mid-way does not count.
-    ///
-    /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(1, &RankSet::new())?;
-    /// let _ = table.finish(room.handle)?;
-    /// table.wait_idle();
-    /// # Ok::<(), kvfence::Error>(())
-    /// ```
-    pub fn wait_idle(&self) {
-        self.wait_until(|| {
-            self.slots.iter().all(|slot| {
-                let released_below = slot.released_below.load(Ordering::Acquire);
-                let state = slot.word.load(Ordering::Acquire);
-                // FREE, and no release of it still returning pages.
-                state.phase() == Phase::Free && state.gen() == released_below
-            })
-        });
-    }
-
-    /// A snapshot of occupancy, closing rooms and event counts (see [`Stats`]).
-    /// Allocates the list of closing rooms; it is not a hot-path call.
-    ///
-    /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(5, &RankSet::first(3)?)?;
-    /// let _ = table.abort(room.handle)?;
-    /// let _ = table.quiesce(room.handle, 1)?;
-    /// let stats = table.stats();
-    /// assert_eq!(stats.pages.held, 5);
-    /// assert_eq!(stats.pages.total(), 64);
-    /// assert_eq!(stats.closing[0].waiting_on, RankSet::from_ranks([0, 2])?);
-    /// # Ok::<(), kvfence::Error>(())
-    /// ```
-    pub fn stats(&self) -> Stats {
-        let mut stats = Stats {
-            fenced: self.fenced_set(),
-            releases: self.counters.sum(Event::Release),
-            stale_refused: self.counters.sum(Event::Stale),
-            duplicate_acks: self.counters.sum(Event::Duplicate),
-            orphaned_releases: self.counters.sum(Event::Orphan),
-            ..Stats::default()
-        };
-        let now = self.epoch.elapsed();
-        for (index, slot) in self.slots.iter().enumerate() {
-            let state = slot.word.load(Ordering::Acquire);
-            let pages = slot.npages.load(Ordering::Relaxed) as usize;
-            match state.phase() {
-                Phase::Free => {}
-                Phase::Owned => {
-                    stats.rooms.owned += 1;
-                    stats.pages.owned += pages;
-                }
-                phase => {
-                    stats.rooms.held += 1;
-                    stats.pages.held += pages;
-                    let mut waiting_on = RankSet::new();
-                    let mut words = 0;
-                    for word in 0..self.mask_words {
-                        let mask = self.mask(index, word).load(Ordering::Acquire);
-                        if mask.gen() == state.gen() && mask.pending() != 0 {
-                            waiting_on.add_chunk(word, mask.pending());
-                            words += 1;
-                        }
-                    }
-                    let closed_at = Duration::from_nanos(slot.closed_at.load(Ordering::Relaxed));
-                    stats.closing.push(ClosingRoom {
-                        handle: RoomHandle::new(index, self.tag, state.gen()),
-                        phase,
-                        waiting_on,
-                        transfers: state.holds().saturating_sub(words),
-                        pages,
-                        closing_for: now.saturating_sub(closed_at),
-                    });
-                }
-            }
-        }
-        stats.rooms.free = self.rooms_free.count_free();
-        stats.pages.free = self.pages_free.count_free();
-        stats
-    }
 }
 
-/// Locks the orphan list; a panic while it was held cannot leave it inconsistent (a `push`
-/// or a `take`), so poisoning is ignored.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks a mutex whose data a panic cannot leave inconsistent (a `push`, a `take`, or no
+/// data at all), so poisoning is ignored.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -856,5 +690,14 @@ mod tests {
         let a = table.mask(0, 0) as *const MaskWord as usize;
         let b = table.mask(1, 0) as *const MaskWord as usize;
         assert!(b - a >= 128);
+    }
+
+    #[test]
+    fn slot_fits_its_padding() {
+        assert!(
+            core::mem::size_of::<Slot>() <= 128,
+            "{}",
+            core::mem::size_of::<Slot>()
+        );
     }
 }

@@ -8,6 +8,10 @@ use crate::config::RuleKind;
 use kvfence::{Config, Error, Quiesced, RankSet, RoomHandle, RoomTable};
 use std::time::{Duration, Instant};
 
+/// A room as the simulator names it: a kvfence handle in its wire form (16 bytes), or a
+/// slot number for the rules that have no handles.
+pub type RoomId = u128;
+
 /// Page occupancy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -33,20 +37,20 @@ pub enum AckOutcome {
 /// A decode-side release rule.
 pub trait Rule {
     /// Claims a room of `pages` pages written by `ranks`. `Ok(None)`: no capacity right now.
-    fn open(&mut self, pages: usize, ranks: &[u32]) -> Result<Option<(u64, Vec<u32>)>, String>;
+    fn open(&mut self, pages: usize, ranks: &[u32]) -> Result<Option<(RoomId, Vec<u32>)>, String>;
     /// `rank` finished writing its part of a live room.
-    fn done(&mut self, room: u64, rank: u32);
+    fn done(&mut self, room: RoomId, rank: u32);
     /// Aborts a live room whose ranks `pending` have not reported done. Returns the ranks to
     /// send ABORT to and whether the pages were released now.
-    fn abort(&mut self, room: u64, pending: &[u32], now: Instant) -> (Vec<u32>, bool);
+    fn abort(&mut self, room: RoomId, pending: &[u32], now: Instant) -> (Vec<u32>, bool);
     /// Finishes a live room after verification. Returns whether it was released now.
-    fn finish(&mut self, room: u64) -> bool;
+    fn finish(&mut self, room: RoomId) -> bool;
     /// An ABORT_ACK (or a "done" that arrived after the abort) from `rank` naming `room`.
-    fn ack(&mut self, room: u64, rank: u32) -> AckOutcome;
+    fn ack(&mut self, room: RoomId, rank: u32) -> AckOutcome;
     /// Time passes: rooms released by a timer.
-    fn tick(&mut self, now: Instant) -> Vec<u64>;
+    fn tick(&mut self, now: Instant) -> Vec<RoomId>;
     /// `rank`'s transport was torn down (no write of it can land any more).
-    fn rank_torn_down(&mut self, rank: u32) -> Vec<u64>;
+    fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId>;
     /// `rank` has a new transport.
     fn rank_readmitted(&mut self, rank: u32);
     /// Page occupancy now.
@@ -128,7 +132,7 @@ impl SimplePool {
 }
 
 impl Rule for SimplePool {
-    fn open(&mut self, pages: usize, _ranks: &[u32]) -> Result<Option<(u64, Vec<u32>)>, String> {
+    fn open(&mut self, pages: usize, _ranks: &[u32]) -> Result<Option<(RoomId, Vec<u32>)>, String> {
         if self.free_pages.len() < pages || self.free_slots.is_empty() {
             return Ok(None);
         }
@@ -140,12 +144,12 @@ impl Rule for SimplePool {
             .collect();
         self.owned += pages;
         self.slots[slot as usize] = (SlotState::Owned, list.clone());
-        Ok(Some((u64::from(slot), list)))
+        Ok(Some((RoomId::from(slot), list)))
     }
 
-    fn done(&mut self, _room: u64, _rank: u32) {}
+    fn done(&mut self, _room: RoomId, _rank: u32) {}
 
-    fn abort(&mut self, room: u64, pending: &[u32], now: Instant) -> (Vec<u32>, bool) {
+    fn abort(&mut self, room: RoomId, pending: &[u32], now: Instant) -> (Vec<u32>, bool) {
         let slot = room as u32;
         match self.timeout {
             Some(timeout) if !pending.is_empty() => {
@@ -168,12 +172,12 @@ impl Rule for SimplePool {
         }
     }
 
-    fn finish(&mut self, room: u64) -> bool {
+    fn finish(&mut self, room: RoomId) -> bool {
         self.release(room as u32);
         true
     }
 
-    fn ack(&mut self, room: u64, rank: u32) -> AckOutcome {
+    fn ack(&mut self, room: RoomId, rank: u32) -> AckOutcome {
         let Some((SlotState::Aborting { pending, .. }, _)) = self.slots.get_mut(room as usize)
         else {
             return AckOutcome::Ignored;
@@ -190,7 +194,7 @@ impl Rule for SimplePool {
         }
     }
 
-    fn tick(&mut self, now: Instant) -> Vec<u64> {
+    fn tick(&mut self, now: Instant) -> Vec<RoomId> {
         let due: Vec<u32> = self
             .aborting
             .iter()
@@ -202,16 +206,16 @@ impl Rule for SimplePool {
         for &s in &due {
             self.release(s);
         }
-        due.into_iter().map(u64::from).collect()
+        due.into_iter().map(RoomId::from).collect()
     }
 
-    fn rank_torn_down(&mut self, rank: u32) -> Vec<u64> {
+    fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId> {
         // A dead rank counts as acknowledged everywhere (peers treat it as gone).
         let slots = self.aborting.clone();
         slots
             .into_iter()
-            .filter(|&s| self.ack(u64::from(s), rank) == AckOutcome::Released)
-            .map(u64::from)
+            .filter(|&s| self.ack(RoomId::from(s), rank) == AckOutcome::Released)
+            .map(RoomId::from)
             .collect()
     }
 
@@ -262,7 +266,7 @@ impl Kvfence {
 }
 
 impl Rule for Kvfence {
-    fn open(&mut self, pages: usize, ranks: &[u32]) -> Result<Option<(u64, Vec<u32>)>, String> {
+    fn open(&mut self, pages: usize, ranks: &[u32]) -> Result<Option<(RoomId, Vec<u32>)>, String> {
         let set = RankSet::from_ranks(ranks.iter().copied()).map_err(|e| e.to_string())?;
         match self.table.open(pages, &set) {
             Ok(opened) => Ok(Some((opened.handle.to_wire(), opened.pages))),
@@ -271,24 +275,24 @@ impl Rule for Kvfence {
         }
     }
 
-    fn done(&mut self, room: u64, rank: u32) {
+    fn done(&mut self, room: RoomId, rank: u32) {
         // The rank will write no more into this room: the same fact as an ABORT_ACK. It
         // cannot release (the room is live), so the result carries nothing to act on.
         let _ = self.table.quiesce(RoomHandle::from_wire(room), rank);
     }
 
-    fn abort(&mut self, room: u64, _pending: &[u32], _now: Instant) -> (Vec<u32>, bool) {
+    fn abort(&mut self, room: RoomId, _pending: &[u32], _now: Instant) -> (Vec<u32>, bool) {
         match self.table.abort(RoomHandle::from_wire(room)) {
             Ok(a) => (a.fanout.iter().collect(), a.released.is_some()),
             Err(_) => (Vec::new(), false),
         }
     }
 
-    fn finish(&mut self, room: u64) -> bool {
+    fn finish(&mut self, room: RoomId) -> bool {
         matches!(self.table.finish(RoomHandle::from_wire(room)), Ok(Some(_)))
     }
 
-    fn ack(&mut self, room: u64, rank: u32) -> AckOutcome {
+    fn ack(&mut self, room: RoomId, rank: u32) -> AckOutcome {
         match self.table.quiesce(RoomHandle::from_wire(room), rank) {
             Ok(Quiesced::Recorded) => AckOutcome::Recorded,
             Ok(Quiesced::Released(_)) => AckOutcome::Released,
@@ -296,12 +300,12 @@ impl Rule for Kvfence {
         }
     }
 
-    fn tick(&mut self, _now: Instant) -> Vec<u64> {
+    fn tick(&mut self, _now: Instant) -> Vec<RoomId> {
         // Time never releases a page.
         Vec::new()
     }
 
-    fn rank_torn_down(&mut self, rank: u32) -> Vec<u64> {
+    fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId> {
         match self.table.fence_rank(rank) {
             Ok(f) => f.released.iter().map(|r| r.handle.to_wire()).collect(),
             Err(_) => Vec::new(),

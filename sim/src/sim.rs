@@ -21,7 +21,7 @@
 use crate::arena::Arena;
 use crate::config::{RuleKind, SimConfig};
 use crate::rng::Rng;
-use crate::rules::{self, AckOutcome, Rule, Usage};
+use crate::rules::{self, AckOutcome, RoomId, Rule, Usage};
 use kvfence::{Config as KvConfig, RankSet, RoomHandle, RoomTable, TransferGuard};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -40,14 +40,14 @@ enum ToRank {
     Intent {
         inc: u64,
         req: u64,
-        room: u64,
+        room: RoomId,
         queue_delay: Duration,
         chunks: Vec<Vec<u32>>,
     },
     Abort {
         inc: u64,
         req: u64,
-        room: u64,
+        room: RoomId,
     },
 }
 
@@ -56,7 +56,7 @@ enum ToRank {
 struct Msg {
     ack: bool,
     req: u64,
-    room: u64,
+    room: RoomId,
     rank: u32,
 }
 
@@ -88,7 +88,7 @@ struct RankCounters {
 }
 
 struct RankReq {
-    room: u64,
+    room: RoomId,
     prefill: Option<RoomHandle>,
     prefill_released: bool,
     total: usize,
@@ -137,7 +137,7 @@ impl<'t> Rank<'t> {
         let _ = self.tx.send((at, msg));
     }
 
-    fn send_ack(&mut self, req: u64, room: u64, now: Instant) {
+    fn send_ack(&mut self, req: u64, room: RoomId, now: Instant) {
         if self.dead() || self.rng.chance(self.cfg.ack_drop) {
             return;
         }
@@ -511,7 +511,7 @@ pub struct RuleResult {
 }
 
 struct Live {
-    room: u64,
+    room: RoomId,
     pages: Vec<u32>,
     pending: Vec<u32>,
     transferred: bool,
@@ -590,7 +590,7 @@ struct Decode<'a> {
     to_rank: Vec<Sender<ToRank>>,
     rng: Rng,
     live: HashMap<u64, Live>,
-    closing: HashMap<u64, Closing>,
+    closing: HashMap<RoomId, Closing>,
     timers: BinaryHeap<Reverse<(Instant, u8, u64)>>,
     latencies_us: Vec<u64>,
     opening: bool,
@@ -617,7 +617,7 @@ impl Decode<'_> {
             .load(Ordering::Acquire)
     }
 
-    fn released(&mut self, room: u64, now: Instant) {
+    fn released(&mut self, room: RoomId, now: Instant) {
         if let Some(c) = self.closing.remove(&room) {
             self.latencies_us
                 .push(now.duration_since(c.at).as_micros() as u64);

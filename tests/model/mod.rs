@@ -27,19 +27,12 @@ use kvfence::{
 use std::collections::{BTreeSet, HashSet};
 use std::fmt::Debug;
 
-/// Bit position of the table tag in the handle's wire form (`src/handle.rs`: index 24 bits,
-/// tag 8 bits, generation 32 bits).
-const TAG_SHIFT: u32 = 24;
-
-fn wire_tag(h: RoomHandle) -> u8 {
-    (h.to_wire() >> TAG_SHIFT) as u8
-}
-
-/// Builds a handle from its parts through the documented wire layout.
-pub fn forge(index: usize, tag: u8, gen: u32) -> RoomHandle {
-    RoomHandle::from_wire(
-        (index as u64 & 0xFF_FFFF) | (u64::from(tag) << TAG_SHIFT) | (u64::from(gen) << 32),
-    )
+/// Builds a handle through the documented wire layout (`src/handle.rs`: generation in bits
+/// 0..32, index in 32..64, check in 64..128) with the check of `like`: a handle whose index
+/// or generation was corrupted but whose check half survived.
+pub fn forge(index: usize, gen: u32, like: RoomHandle) -> RoomHandle {
+    let check = like.to_wire() >> 64;
+    RoomHandle::from_wire(check << 64 | ((index as u128) & 0xFFFF_FFFF) << 32 | u128::from(gen))
 }
 
 /// Table sizes, kept small so that capacity limits, reuse and mask-word boundaries
@@ -105,8 +98,8 @@ pub enum Op {
     Readmit { rank: u8 },
     /// `phase`.
     Phase { room: u8 },
-    /// An operation with a forged handle (raw wire value, right tag with another index or
-    /// generation, a known handle with a flipped generation bit).
+    /// An operation with a forged handle (raw wire value, a known handle's check with
+    /// another index or generation, a known handle with one flipped bit).
     Forged {
         how: u8,
         wire: u64,
@@ -143,7 +136,9 @@ struct Slot {
 pub struct Model {
     pages: usize,
     ranks: u32,
-    tag: Option<u8>,
+    /// Every handle the table has issued: the only values its check accepts (a value it did
+    /// not issue matches a check with probability 2^-64, see `src/handle.rs`).
+    issued: HashSet<RoomHandle>,
     slots: Vec<Slot>,
     free_pages: BTreeSet<u32>,
     fenced: RankSet,
@@ -154,7 +149,7 @@ pub struct Model {
     /// Orphaned releases not yet taken.
     orphans: Vec<Released>,
     /// Every lifecycle released so far (wire forms): a second release is a bug.
-    released: HashSet<u64>,
+    released: HashSet<u128>,
     opened: u64,
 }
 
@@ -174,7 +169,7 @@ impl Model {
         Model {
             pages: config.pages,
             ranks: config.ranks as u32,
-            tag: None,
+            issued: HashSet::new(),
             slots: vec![Slot::default(); config.rooms],
             free_pages: (0..config.pages as u32).collect(),
             fenced: RankSet::new(),
@@ -188,11 +183,11 @@ impl Model {
         }
     }
 
-    /// Resolves a handle: `Err` for foreign/unknown, `Ok(Some(index))` for a live
-    /// lifecycle, `Ok(None)` for a stale one.
+    /// Resolves a handle: `Err` for one the table never issued, `Ok(Some(index))` for a
+    /// live lifecycle, `Ok(None)` for a stale one.
     fn resolve(&self, h: RoomHandle) -> Result<Option<usize>, Error> {
-        if Some(wire_tag(h)) != self.tag {
-            return Err(Error::ForeignHandle);
+        if !self.issued.contains(&h) {
+            return Err(Error::InvalidHandle);
         }
         let index = h.index();
         let Some(slot) = self.slots.get(index) else {
@@ -292,9 +287,8 @@ impl Model {
             }
         };
         let h = opened.handle;
-        match self.tag {
-            None => self.tag = Some(wire_tag(h)),
-            Some(tag) => same("open: handle tag", &wire_tag(h), &tag)?,
+        if !self.issued.insert(h) {
+            return Err(format!("open: handle {h:?} issued twice"));
         }
         let index = h.index();
         let Some(slot) = self.slots.get(index) else {
@@ -543,7 +537,7 @@ pub struct Harness<'t> {
 
 impl<'t> Harness<'t> {
     /// A harness over a fresh `table` made with `config`. Opens and finishes one room first,
-    /// so that the model learns the table's handle tag before any forged handle is used.
+    /// so that a known handle exists before any forged handle is derived from one.
     pub fn new(table: &'t RoomTable, config: Config) -> Result<Harness<'t>, String> {
         let mut h = Harness {
             table,
@@ -751,22 +745,18 @@ impl<'t> Harness<'t> {
                 action,
                 rank,
             } => {
-                let tag = self.model.tag.expect("primed");
                 let rooms = self.model.slots.len();
+                let known = self.pick(wire as u8);
                 let h = match how % 4 {
-                    0 => RoomHandle::from_wire(wire),
-                    1 => forge(wire as usize, tag, (wire >> 32) as u32),
+                    0 => RoomHandle::from_wire(u128::from(wire) << (wire % 3 * 32)),
+                    1 => forge(wire as usize, (wire >> 32) as u32, known),
                     2 => {
                         let index = wire as usize % (rooms + 2);
                         let gen = self.model.slots.get(index).map_or(0, |s| s.gen);
                         let delta = ((wire >> 32) % 3) as u32;
-                        forge(index, tag, gen.wrapping_add(delta).wrapping_sub(1))
+                        forge(index, gen.wrapping_add(delta).wrapping_sub(1), known)
                     }
-                    _ => {
-                        let known = self.pick(wire as u8);
-                        let bit = 1u32 << ((wire >> 8) % 32);
-                        forge(known.index(), tag, known.generation() ^ bit)
-                    }
+                    _ => RoomHandle::from_wire(known.to_wire() ^ 1 << ((wire >> 8) % 128)),
                 };
                 same("wire round trip", &RoomHandle::from_wire(h.to_wire()), &h)?;
                 match action % 6 {

@@ -1,0 +1,219 @@
+//! Waiting for releases: per-room parking with optional timeouts.
+//!
+//! # Implementation details
+//!
+//! Each room slot has a [`Parking`]: a waiter count, a lock and a condition variable. A
+//! release ends with `notify`, which costs one `fence(SeqCst)` and one load of the room's
+//! own waiter count (in the room's own padded slot) when nobody waits on *that* room: a
+//! waiter parked on room A adds nothing to a release of room B.
+//!
+//! The lost-wake-up argument is the store-buffer pattern plus the lock:
+//!
+//! ```text
+//! waiter                                releaser
+//! waiters += 1 (SeqCst)                 released_below = gen + 1 (RMW, Release)
+//! fence(SeqCst)                         fence(SeqCst)
+//! lock; check released_below; wait      if waiters != 0 { lock; notify_all }
+//! ```
+//!
+//! By the fences' total order, either the releaser sees the waiter (then it takes the lock:
+//! before the waiter's check, which then sees the release through the lock, or after the
+//! waiter went to sleep on the condition variable, which the notify then wakes), or the
+//! waiter's check sees the release and it does not sleep. Spurious wake-ups are harmless:
+//! every waiter re-checks its condition under the lock.
+//!
+//! `wait_idle` waits room by room: it finds a busy room, parks on it until it is idle,
+//! and starts over until one pass finds every room idle.
+//!
+//! The condition variable is std's (a futex on Linux) and loom's under `--cfg loom`, so the
+//! loom models check this exact code. Timeouts are real on std; under loom a wait never
+//! times out (loom has no clock), which is the stricter case for lost wake-ups.
+
+use crate::room_word::Phase;
+use crate::sync::{cond_wait, fence, AtomicU32, Condvar, Mutex, Ordering};
+use crate::table::{lock, Slot};
+use crate::{Error, RoomHandle, RoomTable};
+use std::time::{Duration, Instant};
+
+/// One room's waiters.
+#[derive(Debug)]
+pub(crate) struct Parking {
+    waiters: AtomicU32,
+    lock: Mutex<()>,
+    cond: Condvar,
+}
+
+impl Parking {
+    pub(crate) fn new() -> Parking {
+        Parking {
+            waiters: AtomicU32::new(0),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+        }
+    }
+
+    /// Wakes this room's waiters, if it has any. Called by a releaser after it advanced
+    /// `released_below`.
+    #[inline]
+    pub(crate) fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::Relaxed) != 0 {
+            let _guard = lock(&self.lock);
+            self.cond.notify_all();
+        }
+    }
+
+    /// Parks until `done()` or the deadline. Returns whether `done()` held.
+    fn wait_until(&self, done: impl Fn() -> bool, deadline: Option<Instant>) -> bool {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let mut guard = lock(&self.lock);
+        let ok = loop {
+            if done() {
+                break true;
+            }
+            let timeout = match deadline {
+                None => None,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => break false,
+                },
+            };
+            guard = cond_wait(&self.cond, guard, timeout);
+        };
+        drop(guard);
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
+        ok
+    }
+}
+
+/// Whether a room is idle: `FREE`, and no release of it still returning pages.
+fn idle(slot: &Slot) -> bool {
+    let released_below = slot.released_below.load(Ordering::Acquire);
+    let state = slot.word.load(Ordering::Acquire);
+    state.phase() == Phase::Free && state.gen() == released_below
+}
+
+/// `Some(now + timeout)`, or `None` (wait forever) if that is beyond what `Instant` holds.
+fn deadline(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+impl RoomTable {
+    /// Whether `handle`'s lifecycle is over and its pages and index are back.
+    fn released(slot: &Slot, gen: u32) -> bool {
+        let released_below = slot.released_below.load(Ordering::Acquire);
+        let state = slot.word.load(Ordering::Acquire);
+        // Generations compare modulo 2^32 (see `handle.rs` for the ABA bound): `behind`
+        // is how many lifecycles the room has moved past the handle's.
+        match state.gen().wrapping_sub(gen) as i32 {
+            // The handle's lifecycle: live, or (FREE) it never began.
+            0 => state.phase() == Phase::Free,
+            // Over: wait until its release has handed the pages and index back.
+            behind if behind > 0 => (released_below.wrapping_sub(gen) as i32) > 0,
+            // Ahead of the room (never issued): nothing to wait for.
+            _ => true,
+        }
+    }
+
+    /// Blocks until the handle's lifecycle is released and its pages and room index are
+    /// back in the pool (returns at once if they already are), so an `open` right after
+    /// it can use them. Parks on the room's own condition variable; no polling.
+    ///
+    /// # Errors
+    /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
+    ///
+    /// ```
+    /// use kvfence::{Config, RankSet, RoomTable};
+    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
+    /// let room = table.open(1, &RankSet::first(1)?)?;
+    /// let _ = table.abort(room.handle)?;
+    /// std::thread::scope(|s| {
+    ///     s.spawn(|| table.quiesce(room.handle, 0));          // the ACK arrives
+    ///     table.wait_released(room.handle)                     // and wakes us
+    /// })?;
+    /// assert_eq!(table.stats().pages.free, 64);     // back in the pool, not just "released"
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn wait_released(&self, handle: RoomHandle) -> Result<(), Error> {
+        let slot = self.slot(handle)?;
+        let gen = handle.generation();
+        slot.parking.wait_until(|| Self::released(slot, gen), None);
+        Ok(())
+    }
+
+    /// [`wait_released`](Self::wait_released) for at most `timeout`. Returns `Ok(true)` once
+    /// released, `Ok(false)` if the time ran out first; waiting changes nothing in the table
+    /// (time never releases a room).
+    ///
+    /// # Errors
+    /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
+    ///
+    /// ```
+    /// use kvfence::{Config, RankSet, RoomTable};
+    /// use std::time::Duration;
+    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
+    /// let room = table.open(1, &RankSet::first(1)?)?;
+    /// let _ = table.abort(room.handle)?;                   // rank 0 has not ACKed
+    /// assert!(!table.wait_released_timeout(room.handle, Duration::from_millis(5))?);
+    /// let _ = table.quiesce(room.handle, 0)?;
+    /// assert!(table.wait_released_timeout(room.handle, Duration::from_millis(5))?);
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn wait_released_timeout(
+        &self,
+        handle: RoomHandle,
+        timeout: Duration,
+    ) -> Result<bool, Error> {
+        let slot = self.slot(handle)?;
+        let gen = handle.generation();
+        Ok(slot
+            .parking
+            .wait_until(|| Self::released(slot, gen), deadline(timeout)))
+    }
+
+    fn wait_idle_until(&self, deadline: Option<Instant>) -> bool {
+        loop {
+            let Some(busy) = self.slots.iter().position(|slot| !idle(slot)) else {
+                return true;
+            };
+            let slot = &self.slots[busy].0;
+            if !slot.parking.wait_until(|| idle(slot), deadline) {
+                return false;
+            }
+        }
+    }
+
+    /// Blocks until no room is owned or closing and every release has returned its pages
+    /// (shutdown drain: abort or finish every room, then wait here for the writers and
+    /// transfers to drain). A room whose `open` is mid-way does not count.
+    ///
+    /// ```
+    /// use kvfence::{Config, RankSet, RoomTable};
+    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
+    /// let room = table.open(1, &RankSet::new())?;
+    /// let _ = table.finish(room.handle)?;
+    /// table.wait_idle();
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn wait_idle(&self) {
+        self.wait_idle_until(None);
+    }
+
+    /// [`wait_idle`](Self::wait_idle) for at most `timeout`: `true` once idle, `false` if
+    /// the time ran out first.
+    ///
+    /// ```
+    /// use kvfence::{Config, RankSet, RoomTable};
+    /// use std::time::Duration;
+    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
+    /// let room = table.open(1, &RankSet::new())?;
+    /// assert!(!table.wait_idle_timeout(Duration::from_millis(5)));   // still owned
+    /// let _ = table.finish(room.handle)?;
+    /// assert!(table.wait_idle_timeout(Duration::from_millis(5)));
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn wait_idle_timeout(&self, timeout: Duration) -> bool {
+        self.wait_idle_until(deadline(timeout))
+    }
+}
