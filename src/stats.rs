@@ -206,7 +206,9 @@ impl crate::RoomTable {
                 && closed_gen == state.gen()
                 && closed_ms != NOT_CLOSED
             {
-                Duration::from_millis(u64::from(now_ms.wrapping_sub(closed_ms)))
+                // Closed after `now_ms` was read (a negative difference): just now.
+                let ms = now_ms.wrapping_sub(closed_ms);
+                Duration::from_millis(if (ms as i32) < 0 { 0 } else { u64::from(ms) })
             } else {
                 Duration::ZERO
             };

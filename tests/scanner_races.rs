@@ -1,0 +1,325 @@
+//! Real-thread stress tests of every scanner racing a lifecycle: `fence_rank` (vs
+//! `readmit_rank` + `open`, and vs `open`), `wait_released`, `wait_idle` and `stats`.
+//!
+//! Why these exist beside the loom models: loom keeps one "last access" per atomic, so a
+//! scanner's load that races a load-then-store of the same word (open's load of the room
+//! word, then its publish) can go unexplored. These tests run the races on real threads,
+//! many times, and *count how often the racy window was actually hit*: two calls whose
+//! executions overlapped in time (each call is bracketed by tickets from one `SeqCst`
+//! counter). Each test prints its count (`cargo test --test scanner_races -- --nocapture`)
+//! and fails if the window was never hit, so a run that raced nothing cannot pass silently.
+//!
+//! They use only API that also existed before the fixes of issue 9, so the same file can be
+//! run against the old library to show it fails there (see the README of this repository).
+//! `KVFENCE_STRESS_SCALE` (default 1) multiplies the iteration counts.
+
+use kvfence::{Config, Error, Phase, Quiesced, RankSet, RoomHandle, RoomTable};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+fn scale() -> usize {
+    std::env::var("KVFENCE_STRESS_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+/// One global order of call starts and ends.
+static TICKET: AtomicU64 = AtomicU64::new(0);
+
+fn ticket() -> u64 {
+    TICKET.fetch_add(1, Ordering::SeqCst)
+}
+
+/// Runs `f`, returning its result and its `[start, end]` tickets.
+fn timed<R>(f: impl FnOnce() -> R) -> (R, (u64, u64)) {
+    let start = ticket();
+    let r = f();
+    (r, (start, ticket()))
+}
+
+fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
+fn report(test: &str, hits: usize, runs: usize) {
+    println!("scanner-race {test}: racy window hit in {hits} of {runs} iterations");
+    assert!(
+        hits > 0,
+        "{test}: the racy window was never hit in {runs} iterations: the test raced nothing"
+    );
+}
+
+fn ranks(list: &[u32]) -> RankSet {
+    RankSet::from_ranks(list.iter().copied()).unwrap()
+}
+
+/// Finding 1 of issue 9: a room opened after `readmit_rank(r)` returned, while an earlier
+/// `fence_rank(r)` scan was still running, must not be reached by that scan (its writes come
+/// from r's new transport: only r's own ACK may release it).
+///
+/// The table is full but for its last room index, so the room opened after the readmit is
+/// the last one the scan visits. Fails on the pre-fix library (and under
+/// `--cfg kvfence_unserialized_readmit`) with "released at once".
+#[test]
+fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
+    const ROOMS: usize = 1 << 16;
+    let t = RoomTable::new(Config::new(ROOMS, ROOMS + 8, 2)).unwrap();
+    // Every room but the last is owned (writer: rank 1, never fenced).
+    let mut held = Vec::new();
+    for _ in 0..ROOMS {
+        held.push(t.open(1, &ranks(&[])).unwrap().handle);
+    }
+    let last = *held.iter().max_by_key(|h| h.index()).unwrap();
+    assert_eq!(last.index(), ROOMS - 1);
+    let _ = t.abort(last).unwrap();
+    let runs = 20 * scale();
+    let mut hits = 0;
+    for run in 0..runs {
+        let fence_done = AtomicBool::new(false);
+        let start = Barrier::new(2);
+        let (room, readmit_during_scan) = std::thread::scope(|s| {
+            s.spawn(|| {
+                start.wait();
+                let _ = t.fence_rank(0).unwrap();
+                fence_done.store(true, Ordering::SeqCst);
+            });
+            start.wait();
+            // Re-admit as soon as the fence has set its bit (the scan is then running).
+            let during = loop {
+                let before = fence_done.load(Ordering::SeqCst);
+                if t.readmit_rank(0).unwrap() {
+                    break !before;
+                }
+                std::hint::spin_loop();
+            };
+            // A new request, for rank 0's new transport: the only free index is the last.
+            let room = loop {
+                match t.open(1, &ranks(&[0])) {
+                    Ok(room) => break room,
+                    // Only possible if the readmit lost a race with a later fence: none here.
+                    Err(e) => panic!("run {run}: open after readmit: {e}"),
+                }
+            };
+            (room, during)
+        });
+        hits += usize::from(readmit_during_scan);
+        assert_eq!(room.handle.index(), ROOMS - 1);
+        let aborted = t.abort(room.handle).unwrap();
+        assert!(
+            aborted.released.is_none() && aborted.fanout.contains(0),
+            "run {run}: the room opened after readmit_rank was released at once (fan-out \
+             {:?}): the earlier fence's scan quiesced rank 0 in it although its new \
+             transport never acknowledged",
+            aborted.fanout
+        );
+        assert!(matches!(
+            t.quiesce(room.handle, 0),
+            Ok(Quiesced::Released(_))
+        ));
+    }
+    report("fence_then_readmit", hits, runs);
+}
+
+/// `fence_rank` racing `open` of a room naming the rank (the store-buffer pair): the open is
+/// refused, or the room it returns does not wait on the fenced rank. Never a room left
+/// waiting on a rank that can no longer answer.
+#[test]
+fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
+    let t = RoomTable::new(Config::new(4096, 4200, 2)).unwrap();
+    // Owned rooms so the scan takes a while around the new one.
+    let _background: Vec<_> = (0..4000)
+        .map(|_| t.open(1, &ranks(&[1])).unwrap())
+        .collect();
+    let runs = 3000 * scale();
+    let mut hits = 0;
+    for run in 0..runs {
+        let start = Barrier::new(2);
+        let ((opened, o), (fenced, f)) = std::thread::scope(|s| {
+            let fencer = s.spawn(|| {
+                start.wait();
+                timed(|| t.fence_rank(0).unwrap())
+            });
+            start.wait();
+            let opened = timed(|| t.open(1, &ranks(&[0])));
+            (opened, fencer.join().unwrap())
+        });
+        hits += usize::from(overlap(o, f));
+        assert!(fenced.released.is_empty());
+        match opened {
+            Ok(room) => {
+                let aborted = t.abort(room.handle).unwrap();
+                assert!(
+                    aborted.fanout.is_empty() && aborted.released.is_some(),
+                    "run {run}: a room opened during a fence waits on the fenced rank"
+                );
+            }
+            Err(Error::RankFenced { rank: 0 }) => {}
+            Err(e) => panic!("run {run}: open: {e}"),
+        }
+        assert!(t.readmit_rank(0).unwrap());
+    }
+    assert!(t.take_orphaned().is_empty());
+    report("fence_vs_open", hits, runs);
+}
+
+/// `wait_released` racing the ACK that releases the room: it always returns (no lost
+/// wake-up), and only once the pages are back in the pool.
+#[test]
+fn wait_released_vs_release_never_loses_a_wake_up() {
+    const PAGES: usize = 16;
+    let t = RoomTable::new(Config::new(4, PAGES, 2)).unwrap();
+    let runs = 3000 * scale();
+    let mut hits = 0;
+    for run in 0..runs {
+        let room = t.open(PAGES, &ranks(&[0])).unwrap();
+        let _ = t.abort(room.handle).unwrap();
+        let start = Barrier::new(2);
+        let (w, a) = std::thread::scope(|s| {
+            let acker = s.spawn(|| {
+                start.wait();
+                let (r, span) = timed(|| t.quiesce(room.handle, 0));
+                assert!(matches!(r, Ok(Quiesced::Released(_))));
+                span
+            });
+            let waiter = s.spawn(|| {
+                start.wait();
+                let ((), span) = timed(|| t.wait_released(room.handle).unwrap());
+                // The whole pool is free again: `open` of every page succeeds at once.
+                let next = t.open(PAGES, &ranks(&[])).unwrap_or_else(|e| {
+                    panic!("run {run}: pages not back after wait_released: {e}")
+                });
+                let _ = t.abort(next.handle).unwrap();
+                span
+            });
+            (waiter.join().unwrap(), acker.join().unwrap())
+        });
+        hits += usize::from(overlap(w, a));
+    }
+    report("wait_released_vs_release", hits, runs);
+}
+
+/// `wait_idle` racing several releases on several rooms: it returns only when every page is
+/// back, and never sleeps through the last release.
+#[test]
+fn wait_idle_vs_releases_never_returns_early_or_hangs() {
+    const ROOMS: usize = 8;
+    let t = RoomTable::new(Config::new(ROOMS, ROOMS * 4, 4)).unwrap();
+    let runs = 1000 * scale();
+    let mut hits = 0;
+    for run in 0..runs {
+        let rooms: Vec<RoomHandle> = (0..ROOMS)
+            .map(|_| t.open(4, &ranks(&[0, 1])).unwrap().handle)
+            .collect();
+        for &h in &rooms {
+            let _ = t.abort(h).unwrap();
+        }
+        let start = Barrier::new(3);
+        let ((), w, acks) = std::thread::scope(|s| {
+            let ackers: Vec<_> = [0u32, 1]
+                .into_iter()
+                .map(|rank| {
+                    let (t, rooms, start) = (&t, &rooms, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        timed(|| {
+                            for &h in rooms {
+                                let _ = t.quiesce(h, rank).unwrap();
+                            }
+                        })
+                        .1
+                    })
+                })
+                .collect();
+            start.wait();
+            let ((), w) = timed(|| t.wait_idle());
+            let s = t.stats();
+            assert_eq!(
+                (s.pages.free, s.rooms.free),
+                (ROOMS * 4, ROOMS),
+                "run {run}: wait_idle returned before every page was back"
+            );
+            let acks: Vec<_> = ackers.into_iter().map(|a| a.join().unwrap()).collect();
+            ((), w, acks)
+        });
+        hits += usize::from(acks.iter().any(|&a| overlap(w, a)));
+    }
+    report("wait_idle_vs_releases", hits, runs);
+}
+
+/// `stats` racing lifecycles on the same rooms: each closing room it reports is consistent
+/// with one lifecycle (its page count is that lifecycle's), and a fresh close is never shown
+/// as long overdue (`closing_for` at most the time since that lifecycle's `abort` began).
+#[test]
+fn stats_vs_lifecycles_reports_each_room_consistently() {
+    const ROOMS: usize = 4;
+    const THREADS: usize = 2;
+    let t = RoomTable::new(Config::new(ROOMS, 64, 2)).unwrap();
+    // handle -> (pages, when its abort began); filled before the room can be closing.
+    let lifecycles: Mutex<HashMap<RoomHandle, (usize, Option<Instant>)>> =
+        Mutex::new(HashMap::new());
+    // Bumped by the workers after every open, abort and release.
+    let events = AtomicU64::new(0);
+    let per_thread = 20_000 * scale();
+    let mut snapshots = 0;
+    let mut hits = 0;
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|id| {
+                let (t, lifecycles, events) = (&t, &lifecycles, &events);
+                s.spawn(move || {
+                    for i in 0..per_thread {
+                        // A page count that differs between consecutive lifecycles.
+                        let pages = 1 + (i * THREADS + id) % 7;
+                        let room = match t.open(pages, &ranks(&[0])) {
+                            Ok(room) => room,
+                            Err(Error::RoomTableFull | Error::PoolExhausted { .. }) => continue,
+                            Err(e) => panic!("{e}"),
+                        };
+                        let h = room.handle;
+                        events.fetch_add(1, Ordering::SeqCst);
+                        lifecycles.lock().unwrap().insert(h, (pages, None));
+                        std::thread::yield_now();
+                        lifecycles.lock().unwrap().get_mut(&h).unwrap().1 = Some(Instant::now());
+                        let _ = t.abort(h).unwrap();
+                        events.fetch_add(1, Ordering::SeqCst);
+                        std::thread::yield_now();
+                        assert!(matches!(t.quiesce(h, 0), Ok(Quiesced::Released(_))));
+                        events.fetch_add(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        while !workers.iter().all(|w| w.is_finished()) {
+            let before = events.load(Ordering::SeqCst);
+            let stats = t.stats();
+            let now = Instant::now();
+            let changed = events.load(Ordering::SeqCst) != before;
+            snapshots += 1;
+            let known = lifecycles.lock().unwrap();
+            for room in &stats.closing {
+                assert!(matches!(room.phase, Phase::Aborting));
+                let (pages, aborted_at) = known[&room.handle];
+                assert_eq!(
+                    room.pages, pages,
+                    "stats mixed lifecycles: {:?} reported {} pages, its lifecycle has {pages}",
+                    room.handle, room.pages
+                );
+                let aborted_at = aborted_at.expect("closing room was aborted");
+                let bound = now.saturating_duration_since(aborted_at) + Duration::from_millis(2);
+                assert!(
+                    room.closing_for <= bound,
+                    "{:?} shown closing for {:?}, but its abort began {:?} before the snapshot",
+                    room.handle,
+                    room.closing_for,
+                    now.saturating_duration_since(aborted_at)
+                );
+            }
+            // The window: a snapshot that ran while rooms changed lifecycle under it.
+            hits += usize::from(changed);
+        }
+    });
+    report("stats_vs_lifecycles", hits, snapshots);
+}
