@@ -3,9 +3,9 @@
 #
 #   fmt check, clippy (-D warnings), rustdoc (warnings denied), unit + integration +
 #   property + doc tests, the loom model suite and its mutation checks, the simulator's
-#   checks, and (when a nightly toolchain is present) a short fuzz smoke and Miri.
+#   checks, and (when a nightly toolchain is present) a short fuzz smoke, Miri and TSan.
 #
-# Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri).
+# Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri, TSan).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +37,8 @@ else
     bash scripts/fuzz-smoke.sh
     step "Miri (nightly)"
     bash scripts/miri.sh
+    step "ThreadSanitizer (nightly)"
+    bash scripts/tsan.sh
 fi
 
 printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"
