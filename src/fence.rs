@@ -12,7 +12,9 @@
 //! back and refuses with [`Error::RankFenced`] (it never hands out a room that was opened
 //! while one of its writers was fenced: the caller could route that room's writes to the
 //! rank's next incarnation once it is re-admitted). Both may happen; the rollback tolerates
-//! the scan's quiesce (a duplicate) and the scan tolerates the rollback (a stale room).
+//! the scan's quiesce (a duplicate), the scan tolerates the rollback (a stale room), and
+//! whichever of them performs the rolled-back room's release does not report it (no handle
+//! was issued for it: see `RoomTable::release`).
 //!
 //! **Fence vs. readmit.** Without more, `readmit_rank(r)` clearing the bit while a scan
 //! for `r` is still running lets a room opened *after* the readmit (which waits on `r`'s

@@ -133,6 +133,11 @@ const fn tagged(gen: u32, value: u32) -> u64 {
     (gen as u64) << 32 | value as u64
 }
 
+/// The `rolled_back` mark of lifecycle `gen` (never 0, the initial value).
+const fn rolled(gen: u32) -> u64 {
+    1 << 32 | gen as u64
+}
+
 /// `closed_at` value meaning "this lifecycle has not closed (yet)".
 pub(crate) const NOT_CLOSED: u32 = u32::MAX;
 
@@ -156,6 +161,9 @@ pub(crate) struct Slot {
     /// room index; `wait_released` and `wait_idle` wait on it, not on the room word, whose
     /// release CAS comes before the pages are back.
     pub(crate) released_below: AtomicU32,
+    /// `rolled(gen)` if lifecycle `gen` was rolled back by its own `open` (see
+    /// `RoomTable::release`).
+    pub(crate) rolled_back: AtomicU64,
     /// Threads waiting for this room's releases (see `wait.rs`).
     pub(crate) parking: Parking,
 }
@@ -232,6 +240,7 @@ impl RoomTable {
                     sized: AtomicU64::new(0),
                     closed_at: AtomicU64::new(tagged(0, NOT_CLOSED)),
                     released_below: AtomicU32::new(0),
+                    rolled_back: AtomicU64::new(0),
                     parking: Parking::new(),
                 })
             })?,
@@ -387,6 +396,11 @@ impl RoomTable {
     /// short of a forged handle; if one did, its holder releases later through the orphan
     /// list, as for any dropped guard).
     fn roll_back(&self, index: usize, gen: u32, writers: &RankSet) {
+        // Whoever performs the release (we, or a racing fence scan) must not report it.
+        self.slots[index]
+            .0
+            .rolled_back
+            .store(rolled(gen), Ordering::Relaxed);
         for rank in writers.iter() {
             // Owned room: clearing writers cannot release it.
             let _ = self.quiesce_in(index, gen, rank);
@@ -436,9 +450,7 @@ impl RoomTable {
     pub(crate) fn end_transfer(&self, handle: RoomHandle) -> Option<Released> {
         let slot = &self.slots[handle.index()].0;
         match slot.word.drop_hold(handle.generation()) {
-            Ok(Step::Released(phase)) => {
-                Some(self.release(handle.index(), handle.generation(), phase))
-            }
+            Ok(Step::Released(phase)) => self.release(handle.index(), handle.generation(), phase),
             Ok(Step::Held) => None,
             // Unreachable for a real hold: a held room cannot be released under it. (Only
             // the test-only `kvfence_naive_release` mutation gets here.)
@@ -513,9 +525,11 @@ impl RoomTable {
             Ok(Cleared::Duplicate) => Ok(Quiesced::Duplicate),
             Ok(Cleared::Bit) => Ok(Quiesced::Recorded),
             Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen) {
-                Ok(Step::Released(phase)) => {
-                    Ok(Quiesced::Released(self.release(index, gen, phase)))
-                }
+                Ok(Step::Released(phase)) => Ok(match self.release(index, gen, phase) {
+                    Some(released) => Quiesced::Released(released),
+                    // A rolled-back `open`: nobody knows this lifecycle.
+                    None => Quiesced::Recorded,
+                }),
                 // The word's hold was ours; with the mutation above it may not be.
                 Ok(Step::Held) | Err(_) => Ok(Quiesced::Recorded),
             },
@@ -577,7 +591,7 @@ impl RoomTable {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
         match slot.word.close(gen, to) {
-            Ok(Step::Released(phase)) => Ok(Some(self.release(handle.index(), gen, phase))),
+            Ok(Step::Released(phase)) => Ok(self.release(handle.index(), gen, phase)),
             Ok(Step::Held) => {
                 // Only this lifecycle's "not closed" value is replaced: a closer that runs
                 // late, after the room was released and reopened, finds the newer opener's
@@ -613,10 +627,19 @@ impl RoomTable {
 
     /// The release: the caller won the CAS that moved room `index` from lifecycle `gen` to
     /// `FREE`. Returns the pages, then the index, then wakes this room's waiters.
-    pub(crate) fn release(&self, index: usize, gen: u32, phase: Phase) -> Released {
+    ///
+    /// `None` if the lifecycle was rolled back by its `open` (no handle was issued, so there
+    /// is nobody to report it to: the pages are back all the same). The rollback marked the
+    /// slot before its close CAS, and every release of the lifecycle is an RMW after that
+    /// CAS in the room word's order, so the mark is visible here.
+    pub(crate) fn release(&self, index: usize, gen: u32, phase: Phase) -> Option<Released> {
+        let unissued = self.slots[index].0.rolled_back.load(Ordering::Relaxed) == rolled(gen);
         let released = self.release_quietly(index, gen, phase);
+        if unissued {
+            return None;
+        }
         self.counters.bump(Event::Release);
-        released
+        Some(released)
     }
 
     /// [`release`](Self::release) without counting it (an `open` rolled back).
