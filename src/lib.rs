@@ -72,8 +72,8 @@
 //! `handle` (keyed handles and their wire form), `table` (open, transfers, ACKs, close,
 //! release), `fence` (fence and readmit), `wait` (per-room parking), `guard`, `stats`,
 //! `error`. Each opens with an
-//! "Implementation details" section; `DESIGN.md`-level reasoning lives there, next to the
-//! code it justifies.
+//! "Implementation details" section with the reasoning for its part, next to the code it
+//! justifies; `docs/DESIGN.md` in the repository ties the parts together.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

@@ -6,10 +6,10 @@
 //! striped: each thread adds to the stripe picked by its
 //! [`thread_seed`](crate::sync::thread_seed), each stripe on its own 128-byte line, and a
 //! read sums the stripes. A single global counter bumped on every release would put one
-//! cache line on every lifecycle of every thread and serialise them (DESIGN section 4:
-//! measured 16 threads slower than 1). Occupancy (free / owned / held) is not counted at
-//! all: [`RoomTable::stats`](crate::RoomTable::stats) derives it from the room words and
-//! the bitmaps, so nothing on the lifecycle path maintains it.
+//! cache line on every lifecycle of every thread and serialise them (`docs/DESIGN.md`
+//! section 4; measured: 16 threads slower than 1). Occupancy (free / owned / held) is not
+//! counted at all: [`RoomTable::stats`](crate::RoomTable::stats) derives it from the room
+//! words and the bitmaps, so nothing on the lifecycle path maintains it.
 
 use crate::room_word::Phase;
 use crate::sync::{AtomicU64, Ordering, Padded};

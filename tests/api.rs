@@ -1,4 +1,4 @@
-//! The protocol through the public API: one test per guarantee of DESIGN section 2.
+//! The protocol through the public API: one test per guarantee of docs/DESIGN.md section 2.
 
 use kvfence::{Config, Error, Phase, Quiesced, RankSet, Released, RoomHandle, RoomTable};
 

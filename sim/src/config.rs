@@ -280,7 +280,7 @@ aborts requests; compares release rules (naive, timeout, kvfence) and verifies e
 USAGE:
   kvfence-sim [run] [OPTIONS]         simulation, all rules side by side (default)
   kvfence-sim repro [--runs N] [--timeout-ms MS] [--json]
-                                      forces the DESIGN section-1 race with barriers
+                                      forces the docs/DESIGN.md section-1 race with barriers
   kvfence-sim bench [--rounds N] [--seconds S] [OPTIONS]
                                       --no-delay throughput, naive vs kvfence, interleaved
 

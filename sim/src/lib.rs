@@ -1,5 +1,5 @@
 //! `kvfence-sim`: reproduces the prefill/decode abort race on real bytes and shows that
-//! kvfence removes it. See `kvfence-sim --help` and DESIGN.md section 6.
+//! kvfence removes it. See `kvfence-sim --help` and docs/DESIGN.md section 6.
 //!
 //! Modules: [`arena`] (page memory and the byte pattern), [`config`] (flags), [`rules`]
 //! (naive / timeout / kvfence release rules), [`sim`] (threads and the decode scheduler),

@@ -142,7 +142,7 @@ pub fn repro_table(results: &[ReproResult]) -> String {
     let runs = results.first().map_or(0, |r| r.runs);
     let _ = writeln!(
         out,
-        "DESIGN section 1 forced with barriers, {runs} runs per rule \
+        "docs/DESIGN.md section 1 forced with barriers, {runs} runs per rule \
          (even runs: write in flight at the abort; odd runs: intent queued, missed by the drain)"
     );
     let _ = writeln!(

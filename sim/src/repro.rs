@@ -1,4 +1,4 @@
-//! The deterministic reproducer: forces the exact ordering of DESIGN section 1 with
+//! The deterministic reproducer: forces the exact ordering of docs/DESIGN.md section 1 with
 //! barriers, once per run and rule.
 //!
 //! ```text

@@ -167,7 +167,7 @@ impl<'t> Rank<'t> {
             return;
         }
         let drained = if r.prefill.is_some() {
-            // Checked mode: the prefill-side room's release is the ACK (DESIGN section 5).
+            // Checked mode: the prefill-side room's release is the ACK (docs/DESIGN.md section 2).
             r.prefill_released
         } else {
             r.inflight == 0 && r.queued == 0
