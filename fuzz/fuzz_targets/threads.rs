@@ -66,7 +66,7 @@ struct Shared {
 }
 
 fn pattern(h: RoomHandle, page: u32, offset: usize) -> u64 {
-    h.to_wire() ^ (u64::from(page) << 8).rotate_left(17) ^ (offset as u64).wrapping_mul(0x9E37_79B9)
+    h.to_wire() as u64 ^ (u64::from(page) << 8).rotate_left(17) ^ (offset as u64).wrapping_mul(0x9E37_79B9)
 }
 
 impl Shared {
@@ -96,7 +96,7 @@ impl Shared {
             let owner = self.owner[p as usize].load(Relaxed);
             assert_eq!(
                 owner,
-                h.to_wire() + 1,
+                h.to_wire() as u64 + 1,
                 "{when}: page {p} is held by a guard of {h:?} but owned by lifecycle {:#x}",
                 owner.wrapping_sub(1)
             );
@@ -118,7 +118,7 @@ impl Shared {
                     // Claim the pages for this lifecycle: a guard of an older lifecycle still
                     // holding any of them will see it.
                     for &p in &opened.pages {
-                        self.owner[p as usize].store(opened.handle.to_wire() + 1, Relaxed);
+                        self.owner[p as usize].store(opened.handle.to_wire() as u64 + 1, Relaxed);
                     }
                     self.handles.lock().unwrap().push(opened.handle);
                 }
@@ -280,13 +280,13 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(stats.pages.free, PAGES, "pages leaked: {stats:?}");
     assert_eq!(stats.rooms.free, ROOMS, "rooms leaked: {stats:?}");
     assert_eq!(stats.releases, handles.len() as u64, "releases != opens");
-    let released: HashSet<u64> = releases.iter().map(|r| r.handle.to_wire()).collect();
+    let released: HashSet<u128> = releases.iter().map(|r| r.handle.to_wire()).collect();
     assert_eq!(
         released.len(),
         releases.len(),
         "a lifecycle was reported released twice"
     );
-    let opened: HashSet<u64> = handles.iter().map(|h| h.to_wire()).collect();
+    let opened: HashSet<u128> = handles.iter().map(|h| h.to_wire()).collect();
     assert_eq!(released, opened, "reported releases != opened lifecycles");
     t.wait_idle();
 });

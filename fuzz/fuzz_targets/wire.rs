@@ -1,7 +1,7 @@
-//! `wire`: arbitrary bytes decoded as `u64` wire forms. Every value must decode, round-trip
-//! through `to_wire`, print, and be refused or accepted by a table exactly as the model
-//! predicts (foreign, unknown room, stale, or the live lifecycle it happens to name):
-//! never a panic.
+//! `wire`: arbitrary bytes decoded as 16-byte wire forms. Every value must decode,
+//! round-trip through `to_wire` and `to_bytes`, print, and be refused or accepted by a
+//! table exactly as the model predicts (a value the table never issued is
+//! `InvalidHandle`; an issued one is stale or the live lifecycle it names): never a panic.
 #![no_main]
 
 #[path = "../../tests/model/mod.rs"]
@@ -35,22 +35,23 @@ fuzz_target!(|data: &[u8]| {
     for op in &setup {
         h.step(op).expect("setup matches the model");
     }
-    for chunk in data.chunks(10) {
-        let mut word = [0u8; 8];
-        word[..chunk.len().min(8)].copy_from_slice(&chunk[..chunk.len().min(8)]);
-        let wire = u64::from_le_bytes(word);
-        let handle = RoomHandle::from_wire(wire);
+    for chunk in data.chunks(18) {
+        let mut bytes = [0u8; 16];
+        bytes[..chunk.len().min(16)].copy_from_slice(&chunk[..chunk.len().min(16)]);
+        let handle = RoomHandle::from_bytes(bytes);
+        let wire = u128::from_le_bytes(bytes);
         assert_eq!(handle.to_wire(), wire, "wire form round-trips");
+        assert_eq!(handle.to_bytes(), bytes, "byte form round-trips");
         assert_eq!(RoomHandle::from_wire(handle.to_wire()), handle);
-        assert_eq!(handle.index() as u64, wire & 0xFF_FFFF);
-        assert_eq!(u64::from(handle.generation()), wire >> 32);
+        assert_eq!(handle.index() as u128, wire >> 32 & 0xFFFF_FFFF);
+        assert_eq!(u128::from(handle.generation()), wire & 0xFFFF_FFFF);
         let _ = (format!("{handle:?}"), handle.to_string());
-        let action = chunk.get(8).copied().unwrap_or(0);
-        let rank = chunk.get(9).copied().unwrap_or(0);
+        let action = chunk.get(16).copied().unwrap_or(0);
+        let rank = chunk.get(17).copied().unwrap_or(0);
         for how in 0..4 {
             let op = Op::Forged {
                 how,
-                wire,
+                wire: (wire ^ wire >> 64) as u64,
                 action,
                 rank,
             };
