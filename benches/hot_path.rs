@@ -11,6 +11,13 @@
 //! * `open_finish_release`: open a room of 1, 16 or 256 pages with no writer ranks, finish
 //!   it (which releases it at once). Includes the `Vec<u32>` page list `open` returns.
 //!
+//! * `lifecycle_waiter`: one whole lifecycle (open 16 pages for 8 ranks, 2 transfers,
+//!   abort, 8 ACKs, release) with nobody waiting (`no_waiter`), and with one thread parked
+//!   in `wait_released` on *another* room for the whole measurement
+//!   (`parked_waiter_other_room`): waits are per room, so the two should match (issue 9,
+//!   finding 4: a single waiter used to cost every release of every room a shared
+//!   `fetch_add` and a futex wake).
+//!
 //! The baseline tracker runs the same workloads in `benches/baseline.rs`, under the same
 //! group names, so the results table can put them side by side; both call the one
 //! generic version of each workload in `benches/common`.
@@ -20,7 +27,8 @@
 
 mod common;
 
-use common::{bare_pair, config, table};
+use common::{bare_pair, config, lifecycle, table, Tracker};
+use kvfence::{RankSet, RoomTable};
 use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +41,29 @@ fn hot_path(c: &mut Criterion) {
         // transition takes (it must check phase and generation before adding a hold).
         g.bench_function("bare_cas_pair", |b| b.iter(|| bare_cas_pair(&word)));
     });
+}
+
+/// Lifecycles on a table with and without a thread parked on an unrelated room.
+fn lifecycle_waiter(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lifecycle_waiter");
+    let writers = <RoomTable as Tracker>::writers(common::LIFE_RANKS);
+    let t = table();
+    g.bench_function("no_waiter", |b| b.iter(|| lifecycle(&t, &mut (), &writers)));
+    let t = table();
+    // A room that stays closing (rank 0 never ACKs) while the waiter sleeps on it.
+    let parked = t.open(1, &RankSet::first(1).unwrap()).unwrap().handle;
+    let _ = t.abort(parked).unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| t.wait_released(parked).unwrap());
+        // Let the waiter register and park before the clock starts.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        g.bench_function("parked_waiter_other_room", |b| {
+            b.iter(|| lifecycle(&t, &mut (), &writers))
+        });
+        let _ = t.quiesce(parked, 0).unwrap();
+        waiter.join().unwrap();
+    });
+    g.finish();
 }
 
 /// `+1` then `-1` on `word`, each as a load followed by a `compare_exchange_weak` loop.
@@ -55,6 +86,6 @@ fn bare_cas_pair(word: &AtomicU64) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = hot_path
+    targets = hot_path, lifecycle_waiter
 }
 criterion_main!(benches);

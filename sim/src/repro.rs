@@ -92,16 +92,25 @@ fn one_run(
                     let _ = g.complete();
                 }
             } else {
-                // Queued, missed by the drain, submitted now: kvfence checks it first.
-                let allowed = match (prefill_r, source) {
-                    (Some(t), Some(h)) => t.begin_transfer(h).map(drop).is_ok(),
-                    _ => true,
+                // Queued, missed by the drain, submitted now: kvfence checks it first. The
+                // guard is held across the write and completed after it: that is what
+                // keeps the source room (and so the ACK) from being released mid-write.
+                // Never `begin_transfer(h).map(drop)` then write.
+                let guard = match (prefill_r, source) {
+                    (Some(t), Some(h)) => match t.begin_transfer(h) {
+                        Ok(g) => Some(Some(g)),
+                        Err(_) => None,
+                    },
+                    _ => Some(None),
                 };
-                if allowed {
+                if let Some(guard) = guard {
                     for &p in &pages_r {
                         arena_r.write_page(p, req_a);
                     }
                     landed = true;
+                    if let Some(g) = guard {
+                        let _ = g.complete();
+                    }
                 } else {
                     refused = true;
                 }
