@@ -6,8 +6,8 @@
 #   scripts/miri.sh --test prop_ops # extra arguments go to `cargo miri test`
 #
 # Flags: none are needed. Miri's default isolation provides a monotonic clock
-# (`Instant`, used by `stats().closing_for`) and emulates the Linux futex syscall that
-# `atomic-wait` uses for `wait_released`/`wait_idle`, so `-Zmiri-disable-isolation` is not
+# (`Instant`, used by `stats().closing_for`) and emulates the futex under std's Mutex and
+# Condvar that `wait_released`/`wait_idle` park on, so `-Zmiri-disable-isolation` is not
 # required. The suite is also clean with `MIRIFLAGS="-Zmiri-strict-provenance
 # -Zmiri-symbolic-alignment-check"`; pass any MIRIFLAGS you want through the environment.
 # tests/prop_ops.rs runs 16 cases of 12 operations under Miri (cfg(miri)).

@@ -13,6 +13,10 @@
 //! run against the old library to show it fails there (see the README of this repository).
 //! `KVFENCE_STRESS_SCALE` (default 1) multiplies the iteration counts.
 
+// Real threads by the thousand: far too slow under Miri's interpreter. These races run under
+// ThreadSanitizer instead (scripts/tsan.sh).
+#![cfg(not(miri))]
+
 use kvfence::{Config, Error, Phase, Quiesced, RankSet, RoomHandle, RoomTable};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
