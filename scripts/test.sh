@@ -24,6 +24,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 step "tests: unit, integration, property, doc"
 cargo test --workspace
 
+step "mutations only real threads can catch"
+bash scripts/mutations.sh
+
 step "loom models, and the mutations they must catch"
 bash loom-tests/run.sh
 
