@@ -257,6 +257,11 @@ impl Bitmap {
     }
 
     /// Number of free indices right now (exact when no claim or free is in progress).
+    /// Whether `index` is free (a snapshot).
+    pub(crate) fn is_free(&self, index: usize) -> bool {
+        self.word(index / 64).load(Ordering::Relaxed) & 1 << (index % 64) != 0
+    }
+
     pub(crate) fn count_free(&self) -> usize {
         (0..self.nwords())
             .map(|w| self.word(w).load(Ordering::Relaxed).count_ones() as usize)

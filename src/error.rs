@@ -8,11 +8,11 @@ use crate::room_word::Phase;
 /// queued intent of an aborted request); the others are usually integration bugs.
 ///
 /// ```
-/// use kvfence::{Config, Error, RankSet, RoomTable};
-/// let table = RoomTable::new(Config::new(4, 16, 4))?;
-/// let room = table.open(2, &RankSet::first(1)?)?;
+/// use kvfence::{Config, Error, RoomTable};
+/// let table = RoomTable::new(Config::pool(4, 16))?;
+/// let room = table.open(&[0], 2)?;
 /// match table.quiesce(room.handle, 9) {
-///     Err(Error::RankOutOfRange { rank, max }) => assert_eq!((rank, max), (9, 4)),
+///     Err(Error::RankNotInRoom { rank }) => assert_eq!(rank, 9),
 ///     other => panic!("{other:?}"),
 /// }
 /// let _ = table.abort(room.handle)?;
@@ -52,12 +52,22 @@ pub enum Error {
     AlreadyAborted,
     /// `abort` or `finish` on a room that was already finished.
     AlreadyFinished,
-    /// The rank is not below the table's `ranks` setting.
-    RankOutOfRange {
+    /// `u32::MAX` is not a rank id (it marks an empty writer slot).
+    InvalidRank {
         /// The rank given.
         rank: u32,
-        /// The table's (or [`RankSet`](crate::RankSet)'s) rank limit.
-        max: u32,
+    },
+    /// A room names more writer ranks than [`MAX_WRITERS`](crate::MAX_WRITERS).
+    TooManyWriters {
+        /// Writers given.
+        writers: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A room's writer list names the same rank twice.
+    DuplicateWriter {
+        /// The repeated rank.
+        rank: u32,
     },
     /// `quiesce` of a rank that is not in the room's writer set.
     RankNotInRoom {
@@ -66,9 +76,29 @@ pub enum Error {
     },
     /// `open` named a rank that is fenced (its transport is torn down) and not re-admitted.
     RankFenced {
-        /// The lowest fenced rank in the set.
+        /// The first fenced rank of the writer list.
         rank: u32,
     },
+    /// `fence_rank` with [`Config::max_fenced`](crate::Config::max_fenced) ranks already
+    /// fenced: re-admit (or forget) one first.
+    TooManyFenced {
+        /// The limit.
+        max: usize,
+    },
+    /// The call needs the other mode: `open` is for pool mode, `open_gate` for gate mode.
+    WrongMode {
+        /// What this table is: `"gate"` or `"pool"`.
+        table: &'static str,
+    },
+    /// `grow` of a room in pool mode would exceed the pool, or of a room with a page list
+    /// longer than 2^31.
+    TooManyPagesInRoom,
+    /// The transfer token was not issued by this table, or was already ended (a second
+    /// `end` of one token is refused: it never decrements twice).
+    InvalidToken,
+    /// [`Config::max_tokens`](crate::Config::max_tokens) token-form transfers are in
+    /// flight.
+    TooManyTokens,
     /// `open` of a room with zero pages.
     NoPages,
     /// `open` asked for more pages than the whole pool has.
@@ -113,8 +143,12 @@ impl core::fmt::Display for Error {
             }
             Error::AlreadyAborted => f.write_str("room was already aborted"),
             Error::AlreadyFinished => f.write_str("room was already finished"),
-            Error::RankOutOfRange { rank, max } => {
-                write!(f, "writer rank {rank} is out of range (ranks are 0..{max})")
+            Error::InvalidRank { rank } => write!(f, "{rank} is not a valid rank id"),
+            Error::TooManyWriters { writers, max } => {
+                write!(f, "a room names {writers} writer ranks; at most {max} are allowed")
+            }
+            Error::DuplicateWriter { rank } => {
+                write!(f, "writer rank {rank} appears twice in the room's writer list")
             }
             Error::RankNotInRoom { rank } => {
                 write!(f, "writer rank {rank} is not in this room's writer set")
@@ -123,6 +157,20 @@ impl core::fmt::Display for Error {
                 f,
                 "writer rank {rank} is fenced (transport torn down); re-admit it before opening a room that names it"
             ),
+            Error::TooManyFenced { max } => write!(
+                f,
+                "{max} ranks are fenced already; re-admit one before fencing another"
+            ),
+            Error::WrongMode { table } => write!(
+                f,
+                "this is a {table}-mode table: use {} instead",
+                if table == "gate" { "open_gate" } else { "open" }
+            ),
+            Error::TooManyPagesInRoom => f.write_str("the room cannot take that many more pages"),
+            Error::InvalidToken => f.write_str(
+                "transfer token was not issued by this table, or was already ended",
+            ),
+            Error::TooManyTokens => f.write_str("too many token-form transfers in flight"),
             Error::NoPages => f.write_str("a room needs at least one page"),
             Error::TooManyPages { requested, capacity } => write!(
                 f,

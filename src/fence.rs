@@ -2,13 +2,20 @@
 //!
 //! # Implementation details
 //!
-//! `fence_rank(r)` sets `r`'s bit in the fenced set and then scans every room, quiescing
-//! `r` where it is still pending. Two races matter, and each has its own rule.
+//! `fence_rank(r)` adds `r` to the fenced set, then scans every room, quiescing `r` where it
+//! is still pending, and ends every failed transfer whose peer is `r` (see `transfer.rs`).
+//! Two races matter, and each has its own rule.
 //!
-//! **Fence vs. open (store-buffer).** `fence_rank` sets the bit, issues `fence(SeqCst)` and
-//! reads the room words; `open` publishes its room word, issues `fence(SeqCst)` and reads
-//! the fenced set. By the fences' total order at least one side sees the other: the scan
-//! finds the room and quiesces `r` in it, or `open` sees the bit. `open` then rolls the room
+//! **The fenced set** is a compact array of rank ids (`AtomicU32`s) and a count, written
+//! only under `fence_lock`: `fence_rank` appends, `readmit_rank` moves the last entry into
+//! the removed one's place and then shrinks the count (so a reader that loaded the old count
+//! still finds every entry). `open` reads it twice (before claiming and after publishing);
+//! with no rank fenced that is one load of the count.
+//!
+//! **Fence vs. open (store-buffer).** `fence_rank` adds the rank, issues `fence(SeqCst)`
+//! and reads the room words; `open` publishes its room word, issues `fence(SeqCst)` and
+//! reads the fenced set. By the fences' total order at least one side sees the other: the
+//! scan finds the room and quiesces `r` in it, or `open` sees the rank. `open` then rolls the room
 //! back and refuses with [`Error::RankFenced`] (it never hands out a room that was opened
 //! while one of its writers was fenced: the caller could route that room's writes to the
 //! rank's next incarnation once it is re-admitted). Both may happen; the rollback tolerates
@@ -37,9 +44,8 @@
 
 use crate::error::Error;
 use crate::room_word::Phase;
-use crate::sync::{fence, Ordering};
-use crate::table::lock;
-use crate::writers::RankSet;
+use crate::sync::{fence, AtomicU32, Ordering};
+use crate::table::{lock, try_boxed};
 use crate::{Quiesced, Released, RoomTable};
 
 /// What [`RoomTable::fence_rank`] did.
@@ -47,26 +53,84 @@ use crate::{Quiesced, Released, RoomTable};
 pub struct Fenced {
     /// Live rooms in which the rank was still pending and is now quiesced.
     pub quiesced: usize,
-    /// Rooms that this fence released (they waited on nothing else).
+    /// Failed transfers to the rank that were holding their rooms and are now ended.
+    pub failed_ended: usize,
+    /// Rooms that this fence released (they waited on nothing else), when releases are
+    /// returned directly (with a release queue they are queued).
     pub released: Vec<Released>,
 }
 
+/// The fenced ranks (see the module docs).
+#[derive(Debug)]
+pub(crate) struct FencedRanks {
+    ids: Box<[AtomicU32]>,
+    count: AtomicU32,
+}
+
+impl FencedRanks {
+    pub(crate) fn new(max: usize) -> Result<FencedRanks, Error> {
+        Ok(FencedRanks {
+            ids: try_boxed(max, |_| AtomicU32::new(u32::MAX))?,
+            count: AtomicU32::new(0),
+        })
+    }
+
+    fn entries(&self) -> impl Iterator<Item = u32> + '_ {
+        let n = (self.count.load(Ordering::SeqCst) as usize).min(self.ids.len());
+        self.ids[..n].iter().map(|id| id.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn contains(&self, rank: u32) -> bool {
+        self.entries().any(|r| r == rank)
+    }
+
+    /// The first rank of `writers` that is fenced.
+    pub(crate) fn first_of(&self, writers: &[u32]) -> Option<u32> {
+        if self.count.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        writers.iter().copied().find(|&w| self.contains(w))
+    }
+
+    /// Adds `rank` (under `fence_lock`). `Ok(false)` if it was fenced already.
+    fn insert(&self, rank: u32) -> Result<bool, Error> {
+        if self.contains(rank) {
+            return Ok(false);
+        }
+        let n = self.count.load(Ordering::Relaxed) as usize;
+        if n == self.ids.len() {
+            return Err(Error::TooManyFenced { max: n });
+        }
+        self.ids[n].store(rank, Ordering::SeqCst);
+        self.count.store(n as u32 + 1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// Removes `rank` (under `fence_lock`); whether it was there.
+    fn remove(&self, rank: u32) -> bool {
+        let n = self.count.load(Ordering::Relaxed) as usize;
+        let Some(at) = (0..n).find(|&i| self.ids[i].load(Ordering::Relaxed) == rank) else {
+            return false;
+        };
+        let last = self.ids[n - 1].load(Ordering::Relaxed);
+        self.ids[at].store(last, Ordering::SeqCst);
+        self.count.store(n as u32 - 1, Ordering::SeqCst);
+        true
+    }
+
+    pub(crate) fn list(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.entries().collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
 impl RoomTable {
-    /// The fenced ranks, as a set.
-    pub(crate) fn fenced_set(&self) -> RankSet {
-        RankSet::from_words(core::array::from_fn(|i| {
-            self.fenced[i].load(Ordering::Relaxed)
-        }))
-    }
-
-    /// The lowest rank of `writers` that is fenced.
-    pub(crate) fn first_fenced(&self, writers: &RankSet) -> Option<u32> {
-        writers.intersection(&self.fenced_set()).iter().next()
-    }
-
     /// Declares that `rank` can no longer write anywhere: the integrator has torn down its
-    /// transport (QP reset, memory-region invalidation). Quiesces the rank in every live
-    /// room, reports what that released, and refuses new rooms naming the rank until
+    /// transport (QP reset, memory-region invalidation, the peer process is gone). Quiesces
+    /// the rank in every live room, ends every failed transfer to it, reports what that
+    /// released, and refuses new rooms naming the rank until
     /// [`readmit_rank`](Self::readmit_rank).
     ///
     /// Only call this once no write from the rank can land any more: the table cannot check
@@ -83,61 +147,74 @@ impl RoomTable {
     ///   a room opened before the fence to the rank's next incarnation: open a new room.
     ///
     /// # Errors
-    /// [`Error::RankOutOfRange`].
+    /// [`Error::InvalidRank`], [`Error::TooManyFenced`].
     ///
     /// ```
-    /// use kvfence::{Config, Error, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(2, &RankSet::first(1)?)?;
+    /// use kvfence::{Config, Error, RoomTable};
+    /// let table = RoomTable::new(Config::pool(8, 64))?;
+    /// let room = table.open(&[0], 2)?;
     /// let _ = table.abort(room.handle)?;                      // rank 0 never answers...
     /// let fenced = table.fence_rank(0)?;                      // ...its QP was reset
     /// assert_eq!(fenced.released.len(), 1);
-    /// assert_eq!(table.open(1, &RankSet::first(1)?), Err(Error::RankFenced { rank: 0 }));
+    /// assert_eq!(table.open(&[0], 1), Err(Error::RankFenced { rank: 0 }));
     /// assert!(table.readmit_rank(0)?);
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn fence_rank(&self, rank: u32) -> Result<Fenced, Error> {
-        self.check_rank(rank)?;
+        if rank == u32::MAX {
+            return Err(Error::InvalidRank { rank });
+        }
         let _serial = lock(&self.fence_lock);
-        let r = rank as usize;
-        self.fenced[r / 64].fetch_or(1u64 << (r % 64), Ordering::SeqCst);
+        self.fenced.insert(rank)?;
         fence(Ordering::SeqCst);
         let mut out = Fenced::default();
         for index in 0..self.slots.len() {
-            let state = self.slots[index].0.word.load(Ordering::Acquire);
+            let slot = &self.slots[index].0;
+            let state = slot.word.load(Ordering::Acquire);
             if state.phase() == Phase::Free {
                 continue;
             }
-            match self.quiesce_in(index, state.gen(), rank) {
-                Ok(Quiesced::Recorded) => out.quiesced += 1,
+            // A position read from a list the next opener is rewriting is harmless: the
+            // clear checks the generation, and a released lifecycle has nothing pending.
+            let Some(pos) = slot.writers.position(state.gen(), rank) else {
+                continue;
+            };
+            match self.clear_position(index, state.gen(), pos) {
+                Ok(Quiesced::Recorded | Quiesced::Queued) => out.quiesced += 1,
                 Ok(Quiesced::Released(released)) => {
                     out.quiesced += 1;
                     out.released.push(released);
                 }
-                // Not a writer of this room, already quiesced, or released meanwhile.
+                // Already quiesced, or released meanwhile.
                 Ok(Quiesced::Duplicate) | Err(_) => {}
+            }
+        }
+        for failed in self.take_failed(|f| f.peer == Some(rank)) {
+            out.failed_ended += 1;
+            if let Some(released) = self.drop_hold(failed.index as usize, failed.gen) {
+                out.released.push(released);
             }
         }
         Ok(out)
     }
 
-    /// Re-admits a fenced rank (it has a new transport connection). Returns whether it was
-    /// fenced. Waits for a `fence_rank` scan in progress to finish first, so that no room
-    /// opened after this returns can be reached by an earlier fence (see
-    /// [`fence_rank`](Self::fence_rank)).
+    /// Re-admits a fenced rank (it has a new transport connection), or forgets a fenced rank
+    /// id that will never be used again. Returns whether it was fenced. Waits for a
+    /// `fence_rank` scan in progress to finish first, so that no room opened after this
+    /// returns can be reached by an earlier fence (see [`fence_rank`](Self::fence_rank)).
     ///
     /// # Errors
-    /// [`Error::RankOutOfRange`].
+    /// [`Error::InvalidRank`].
     pub fn readmit_rank(&self, rank: u32) -> Result<bool, Error> {
-        self.check_rank(rank)?;
+        if rank == u32::MAX {
+            return Err(Error::InvalidRank { rank });
+        }
         let _serial = if cfg!(kvfence_unserialized_readmit) {
             // MUTATION (test-only): the pre-fix readmit, racing a running fence scan.
             None
         } else {
             Some(lock(&self.fence_lock))
         };
-        let r = rank as usize;
-        let bit = 1u64 << (r % 64);
-        Ok(self.fenced[r / 64].fetch_and(!bit, Ordering::SeqCst) & bit != 0)
+        Ok(self.fenced.remove(rank))
     }
 }

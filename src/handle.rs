@@ -55,9 +55,9 @@ pub const MAX_ROOMS: usize = 1 << 24;
 /// side as [`to_wire`](Self::to_wire) (a `u128`) or [`to_bytes`](Self::to_bytes).
 ///
 /// ```
-/// use kvfence::{RankSet, RoomTable, Config, Error};
-/// let table = RoomTable::new(Config::new(4, 16, 2))?;
-/// let room = table.open(2, &RankSet::first(2)?)?;
+/// use kvfence::{RoomTable, Config, Error};
+/// let table = RoomTable::new(Config::pool(4, 16))?;
+/// let room = table.open(&[0, 1], 2)?;
 /// let wire: u128 = room.handle.to_wire();           // goes into the transfer request
 /// let back = kvfence::RoomHandle::from_wire(wire);  // comes back in the ACK
 /// assert_eq!(back, room.handle);
@@ -96,6 +96,12 @@ impl HandleKey {
         std::process::id().hash(&mut hasher);
         std::time::SystemTime::now().hash(&mut hasher);
         HandleKey(hasher.finish() | 1)
+    }
+
+    /// An independent key for another kind of integer handle (transfer tokens), so that a
+    /// room handle is never accepted as a token or the other way round.
+    pub(crate) fn derive(self, salt: u64) -> HandleKey {
+        HandleKey(mix(self.0 ^ mix(salt)) | 1)
     }
 
     /// The handle of lifecycle `gen` of room `index` under this key.

@@ -12,93 +12,109 @@
 //! ```
 //!
 //! kvfence closes it: an aborted request's pages are released only once every writer rank
-//! has acknowledged (`quiesce`) or been fenced, and every local transfer on them has
-//! completed; a stale operation (a queued intent, a late ACK) names an earlier lifecycle
-//! through its generation-tagged handle and is refused. Time never releases a page.
+//! has acknowledged (`quiesce`) or been fenced, and every transfer on them has ended
+//! (a *failed* transfer ends only when its peer is fenced); a stale operation (a queued
+//! intent, a late ACK) names an earlier lifecycle through its generation-tagged handle and
+//! is refused. Time never releases a page.
 //!
-//! # Example: the decode side of a push transfer
+//! # Example: an engine's decode side, gate mode
+//!
+//! The engine owns its pages; kvfence gates their free. Releases are decided on the ACK
+//! thread and acted on by the scheduler, through the release queue.
 //!
 //! ```
-//! use kvfence::{Config, Quiesced, RankSet, RoomTable};
+//! use kvfence::{Config, Quiesced, Reason, RoomTable};
 //!
-//! let table = RoomTable::new(Config::new(1024, 65536, 64))?;
+//! let table = RoomTable::new(Config::gate(4096).release_queue(true))?;
 //!
-//! // A request whose KV comes from prefill ranks 0..4 into 16 of our pages.
-//! let room = table.open(16, &RankSet::first(4)?)?;
-//! // ... send room.handle.to_wire() and room.pages to the prefill ranks ...
+//! // Pre-allocation: request slot 17, engine pages 100..116, prefill ranks 0..4.
+//! let pages: Vec<u32> = (100..116).collect();
+//! let h = table.open_gate(&[0, 1, 2, 3], 17, pages)?;
+//! // ... send h.to_wire() with the page ids to the prefill ranks ...
 //!
 //! // The client disconnects: abort. The request fails at once; the pages stay held.
-//! let aborted = table.abort(room.handle)?;
-//! assert_eq!(aborted.fanout.len(), 4);          // tell these ranks
-//! assert!(aborted.released.is_none());
+//! let aborted = table.abort(h)?;
+//! assert_eq!(&aborted.fanout[..], &[0, 1, 2, 3]);   // send ABORT to these ranks
 //!
-//! // Each rank drains its queue and in-flight writes, then ACKs.
+//! // The ACK thread: each rank drains its queue and in-flight writes, then ACKs.
 //! for rank in 0..3 {
-//!     assert_eq!(table.quiesce(room.handle, rank)?, Quiesced::Recorded);
+//!     assert_eq!(table.quiesce(h, rank)?, Quiesced::Recorded);
 //! }
-//! // A duplicate ACK counts once.
-//! assert_eq!(table.quiesce(room.handle, 0)?, Quiesced::Duplicate);
-//! // The last ACK releases the pages, in this call.
-//! let Quiesced::Released(released) = table.quiesce(room.handle, 3)? else { unreachable!() };
-//! assert_eq!(released.pages, 16);
+//! assert_eq!(table.quiesce(h, 0)?, Quiesced::Duplicate);  // counts once
+//! assert_eq!(table.quiesce(h, 3)?, Quiesced::Queued);     // the last one releases
 //!
-//! // A late ACK from this lifecycle, after the index was reused, changes nothing.
-//! let next = table.open(16, &RankSet::first(4)?)?;
-//! assert!(table.quiesce(room.handle, 2).is_err());
+//! // The scheduler loop: drain, then free with the engine's own allocator.
+//! let mut released = Vec::new();
+//! table.drain_released(&mut released);
+//! for r in released {
+//!     assert_eq!((r.token, r.reason, r.pages.len()), (17, Reason::Aborted, 16));
+//!     // engine.free(r.pages); engine.free_slot(r.token);
+//! }
+//!
+//! // A late ACK of this lifecycle, after the index was reused, changes nothing.
+//! let next = table.open_gate(&[0], 18, vec![100])?;
+//! assert!(table.quiesce(h, 2).is_err());
 //! # let _ = next;
 //! # Ok::<(), kvfence::Error>(())
 //! ```
 //!
 //! # Guarantees
 //!
-//! * **No reuse before proof of drain**: pages return to the pool only after every writer
-//!   rank quiesced (or was fenced with [`RoomTable::fence_rank`]) and every
-//!   [`TransferGuard`] ended.
-//! * **Exactly once**: one atomic read-modify-write of the room word decides each release; the call that made
-//!   it returns it ([`Released`]), or, for a dropped guard, [`RoomTable::take_orphaned`]
-//!   does. At quiescence `free + owned + held == capacity` for rooms and pages.
+//! * **No reuse before proof of drain**: a room is released only after every writer rank
+//!   quiesced (or was fenced with [`RoomTable::fence_rank`]) and every transfer ended
+//!   (completed, or failed and its peer fenced), or it was quarantined (then its pages are
+//!   never to be reused).
+//! * **Exactly once**: one atomic read-modify-write of the room word decides each release;
+//!   it is delivered once, by the call that performed it or through the release queue
+//!   ([`RoomTable::drain_released`]).
 //! * **Stale is harmless**: every call names a lifecycle by [`RoomHandle`]; one from an
-//!   earlier lifecycle changes nothing and gets [`Error::StaleHandle`].
+//!   earlier lifecycle changes nothing and gets [`Error::StaleHandle`]; one the table never
+//!   issued gets [`Error::InvalidHandle`].
 //! * **Fail fast**: [`RoomTable::abort`] never blocks; no transfer can begin after it.
-//! * **Lock-free, allocation-free hot path**: `begin_transfer`, `complete`, `quiesce`,
-//!   `abort`, `finish` are a bounded number of atomic operations (a CAS loop retries only
-//!   when another thread changed the same room word), no lock, no heap.
+//! * **Lock-free, allocation-free hot path**: `begin_transfer`/`complete`, token
+//!   `begin`/`end`, `quiesce`, `abort`, `finish` and the release push are a bounded number
+//!   of atomic operations (a CAS loop retries only when another thread changed the same
+//!   word), no lock, no heap.
 //! * **Bad input is an [`Error`]**, never a panic.
 //!
 //! # Modules (implementation)
 //!
-//! `sync` (std/loom shim), `pack` (bit fields), `room_word` (the lifecycle word),
-//! `writers` (rank sets and generation-tagged mask words), `bitmap` (free lists),
-//! `handle` (keyed handles and their wire form), `table` (open, transfers, ACKs, close,
-//! release), `fence` (fence and readmit), `wait` (per-room parking), `guard`, `stats`,
-//! `error`. Each opens with an
-//! "Implementation details" section with the reasoning for its part, next to the code it
-//! justifies; `docs/DESIGN.md` in the repository ties the parts together.
+//! `sync` (std/loom shim), `pack` (bit fields), `config`, `room_word` (the lifecycle
+//! word), `writers` (inline writer lists and their generation-tagged masks), `bitmap` (free
+//! lists), `handle` (keyed handles and their wire form), `table` (open, grow, ACKs,
+//! close), `release` (deciding and delivering releases, the queue, quarantine), `transfer`
+//! (guards, tokens, outcomes), `fence` (fence and readmit), `wait` (per-room parking),
+//! `stats`, `error`. Each opens with an "Implementation details" section; the design is in
+//! `docs/DESIGN.md`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 mod bitmap;
+mod config;
 mod error;
 mod fence;
-mod guard;
 mod handle;
 mod pack;
+mod release;
 mod room_word;
 mod stats;
 mod sync;
 mod table;
+mod transfer;
 mod wait;
 mod writers;
 
+pub use config::{Config, MAX_PAGES};
 pub use error::Error;
 pub use fence::Fenced;
-pub use guard::TransferGuard;
 pub use handle::{RoomHandle, MAX_ROOMS};
+pub use release::{Reason, Released};
 pub use room_word::Phase;
-pub use stats::{ClosingRoom, Stats, Usage};
-pub use table::{Aborted, Config, Opened, Quiesced, Released, RoomTable};
-pub use writers::{RankSet, MAX_RANKS};
+pub use stats::{ClosingRoom, RoomStatus, Stats, Usage};
+pub use table::{Aborted, Opened, Quiesced, RoomTable};
+pub use transfer::{OwnedTransferGuard, Outcome, TransferGuard, TransferToken};
+pub use writers::{Fanout, MAX_WRITERS};
 
 /// The README's examples are compiled and run as doctests.
 #[cfg(doctest)]

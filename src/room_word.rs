@@ -258,15 +258,18 @@ impl RoomWord {
         Ok(step(old, new))
     }
 
-    /// Closes an `OWNED` room to `to` (`Aborting` or `Draining`); releases it in the same
-    /// CAS if nothing holds it.
+    /// Closes an `OWNED` room to `to` (`Aborting` or `Draining`), or a `DRAINING` room to
+    /// `Aborting`; releases it in the same CAS if nothing holds it.
     pub(crate) fn close(&self, gen: u32, to: Phase) -> Result<Step, Refusal> {
         debug_assert!(to.is_closing());
         let (old, new) = self.transition(|s| {
             if s.gen() != gen || s.phase() == Phase::Free {
                 return Err(Refusal::Stale);
             }
-            if s.phase() != Phase::Owned {
+            // An abort may also overtake a finish (the client left while the room drained).
+            let closable = s.phase() == Phase::Owned
+                || (s.phase() == Phase::Draining && to == Phase::Aborting);
+            if !closable {
                 return Err(Refusal::Phase(s.phase()));
             }
             if cfg!(kvfence_naive_release) && to == Phase::Aborting {

@@ -1,4 +1,4 @@
-//! Statistics: striped event counters and the [`Stats`] snapshot.
+//! Statistics: striped event counters, the [`Stats`] snapshot and per-room [`RoomStatus`].
 //!
 //! # Implementation details
 //!
@@ -10,11 +10,16 @@
 //! section 4; measured: 16 threads slower than 1). Occupancy (free / owned / held) is not
 //! counted at all: [`RoomTable::stats`](crate::RoomTable::stats) derives it from the room
 //! words and the bitmaps, so nothing on the lifecycle path maintains it.
+//!
+//! A room is read consistently: its page count, closing time and failed-transfer count are
+//! each tagged with the generation they belong to, and a room caught between lifecycles is
+//! read again.
 
 use crate::room_word::Phase;
 use crate::sync::{AtomicU64, Ordering, Padded};
-use crate::table::NOT_CLOSED;
-use crate::{RankSet, RoomHandle};
+use crate::table::{untag, NOT_CLOSED};
+use crate::writers::Fanout;
+use crate::{Error, RoomHandle, RoomTable};
 use std::time::Duration;
 
 #[cfg(not(loom))]
@@ -28,9 +33,11 @@ pub(crate) enum Event {
     Release = 0,
     Stale = 1,
     Duplicate = 2,
-    Orphan = 3,
+    FailedTransfer = 3,
+    QuarantinedRoom = 4,
+    QuarantinedPages = 5,
 }
-const EVENTS: usize = 4;
+const EVENTS: usize = 6;
 
 /// Per-thread striped event counters.
 #[derive(Debug)]
@@ -49,8 +56,13 @@ impl Counters {
 
     #[inline]
     pub(crate) fn bump(&self, event: Event) {
+        self.add(event, 1);
+    }
+
+    #[inline]
+    pub(crate) fn add(&self, event: Event, n: u64) {
         let stripe = &self.stripes[crate::sync::thread_seed() % STRIPES];
-        stripe.0[event as usize].fetch_add(1, Ordering::Relaxed);
+        stripe.0[event as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn sum(&self, event: Event) -> u64 {
@@ -61,149 +73,204 @@ impl Counters {
     }
 }
 
-/// How many of something are free, owned (live) and held (closing, waiting to drain).
+/// How many rooms (or pages) are free, owned (live), held (closing, waiting to drain) and
+/// released but not yet drained from the release queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
-    /// In the free list.
+    /// Free (for pages: in the pool; always 0 in gate mode).
     pub free: usize,
     /// In an `Owned` room.
     pub owned: usize,
     /// In an `Aborting` or `Draining` room: not reusable until it drains.
     pub held: usize,
+    /// Released, waiting in the release queue.
+    pub queued: usize,
 }
 
 impl Usage {
-    /// `free + owned + held`: equals the capacity whenever no open or release is mid-way.
+    /// `free + owned + held + queued`: for rooms, and for pool pages not quarantined, the
+    /// capacity whenever no open or release is mid-way.
     pub fn total(&self) -> usize {
-        self.free + self.owned + self.held
+        self.free + self.owned + self.held + self.queued
     }
 }
 
-/// One closing room and what it still waits on.
+/// One room's status (see [`RoomTable::room_status`]); also each closing room of
+/// [`Stats::closing`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClosingRoom {
-    /// The room.
+pub struct RoomStatus {
+    /// The room's lifecycle.
     pub handle: RoomHandle,
-    /// `Aborting` or `Draining`.
+    /// `Owned`, `Aborting` or `Draining`.
     pub phase: Phase,
     /// Writer ranks that have not quiesced (ACKed) yet.
-    pub waiting_on: RankSet,
-    /// Local transfers still in flight.
+    pub waiting_on: Fanout,
+    /// Transfers holding the room: in flight, and failed ones (whose outcome is unknown).
     pub transfers: u32,
+    /// Of `transfers`, the failed ones (released by fencing their peer, or quarantine).
+    pub failed: u32,
     /// Pages it holds.
     pub pages: usize,
-    /// Time since `abort`/`finish`: how overdue its drain is. Time never releases it.
+    /// Time since `abort`/`finish`: how overdue its drain is (zero while owned, and for a
+    /// room closed so recently that its time is not stored yet). Time never releases it.
     pub closing_for: Duration,
+    /// Quarantined: its release will say
+    /// [`Reason::Quarantined`](crate::Reason::Quarantined).
+    pub quarantined: bool,
 }
 
-/// A snapshot of a [`RoomTable`](crate::RoomTable).
+/// The name [`Stats::closing`] used before per-room status existed.
+pub type ClosingRoom = RoomStatus;
+
+/// A snapshot of a [`RoomTable`].
 ///
 /// Taken without stopping anyone: each room is read consistently, but a snapshot taken while
 /// other threads open and release rooms mixes moments. At quiescence
-/// `rooms.total() == rooms capacity` and `pages.total() == pages capacity` exactly.
+/// `rooms.total() == rooms` and, in pool mode, `pages.total() + quarantined_pages == pages`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Room occupancy.
     pub rooms: Usage,
-    /// Page occupancy.
+    /// Page occupancy (gate mode: the engine's page ids the rooms hold; `free` is 0).
     pub pages: Usage,
     /// Every closing room, with the ranks and transfers it waits on.
-    pub closing: Vec<ClosingRoom>,
-    /// Ranks fenced and not re-admitted.
-    pub fenced: RankSet,
-    /// Releases performed since construction.
+    pub closing: Vec<RoomStatus>,
+    /// Ranks fenced and not re-admitted, sorted.
+    pub fenced: Vec<u32>,
+    /// Releases delivered since construction (quarantines included).
     pub releases: u64,
     /// Calls refused because their handle was stale (late ACKs, queued intents, reuse).
     pub stale_refused: u64,
     /// `quiesce` calls for a rank that had already quiesced (duplicate ACKs).
     pub duplicate_acks: u64,
-    /// Releases performed by a dropped [`TransferGuard`](crate::TransferGuard), delivered
-    /// through [`RoomTable::take_orphaned`](crate::RoomTable::take_orphaned).
-    pub orphaned_releases: u64,
+    /// Transfers ended as failed since construction.
+    pub failed_transfers: u64,
+    /// Rooms released as quarantined since construction.
+    pub quarantined_rooms: u64,
+    /// Pages of quarantined rooms: never to be reused (pool mode: out of the pool).
+    pub quarantined_pages: u64,
 }
 
-/// How often `stats` re-reads a room that changed lifecycle under it before it gives up on
-/// that room for this snapshot (it is then between lifecycles: counted as free).
+/// How often a room that changed lifecycle under the reader is re-read before it is left
+/// out of this snapshot (it is between lifecycles: counted in no category).
 const STATS_RETRIES: usize = 8;
 
-impl crate::RoomTable {
+impl RoomTable {
     /// A snapshot of occupancy, closing rooms and event counts (see [`Stats`]).
     /// Allocates the list of closing rooms; it is not a hot-path call.
     ///
-    /// Each room is read consistently: its phase, page count, pending ranks and closing
-    /// time all belong to one lifecycle (the page count and closing time are tagged with
-    /// their generation; a room caught between lifecycles is re-read). A room closed so
-    /// recently that its closing time is not stored yet shows `closing_for` zero.
-    ///
     /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(5, &RankSet::first(3)?)?;
+    /// use kvfence::{Config, RoomTable};
+    /// let table = RoomTable::new(Config::pool(8, 64))?;
+    /// let room = table.open(&[0, 1, 2], 5)?;
     /// let _ = table.abort(room.handle)?;
     /// let _ = table.quiesce(room.handle, 1)?;
     /// let stats = table.stats();
     /// assert_eq!(stats.pages.held, 5);
     /// assert_eq!(stats.pages.total(), 64);
-    /// assert_eq!(stats.closing[0].waiting_on, RankSet::from_ranks([0, 2])?);
+    /// assert_eq!(&stats.closing[0].waiting_on[..], &[0, 2]);
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn stats(&self) -> Stats {
         let mut stats = Stats {
-            fenced: self.fenced_set(),
+            fenced: self.fenced.list(),
             releases: self.counters.sum(Event::Release),
             stale_refused: self.counters.sum(Event::Stale),
             duplicate_acks: self.counters.sum(Event::Duplicate),
-            orphaned_releases: self.counters.sum(Event::Orphan),
+            failed_transfers: self.counters.sum(Event::FailedTransfer),
+            quarantined_rooms: self.counters.sum(Event::QuarantinedRoom),
+            quarantined_pages: self.counters.sum(Event::QuarantinedPages),
             ..Stats::default()
         };
         let now_ms = self.now_ms();
         for index in 0..self.slots.len() {
-            if let Some(room) = self.room_snapshot(index, now_ms) {
-                match room.phase {
-                    Phase::Owned => {
-                        stats.rooms.owned += 1;
-                        stats.pages.owned += room.pages;
-                    }
-                    _ => {
-                        stats.rooms.held += 1;
-                        stats.pages.held += room.pages;
-                        stats.closing.push(room);
-                    }
+            match self.snapshot(index, None, now_ms) {
+                Snapshot::Live(room) if room.phase == Phase::Owned => {
+                    stats.rooms.owned += 1;
+                    stats.pages.owned += room.pages;
                 }
+                Snapshot::Live(room) => {
+                    stats.rooms.held += 1;
+                    stats.pages.held += room.pages;
+                    stats.closing.push(room);
+                }
+                Snapshot::Queued(pages) => {
+                    stats.rooms.queued += 1;
+                    stats.pages.queued += pages;
+                }
+                Snapshot::Free => {}
             }
         }
         stats.rooms.free = self.rooms_free.count_free();
-        stats.pages.free = self.pages_free.count_free();
+        stats.pages.free = self.pages_free.as_ref().map_or(0, |p| p.count_free());
         stats
     }
 
-    /// One room, read consistently (`None` if it is free or kept changing).
-    fn room_snapshot(&self, index: usize, now_ms: u32) -> Option<ClosingRoom> {
+    /// The status of one live room, without a scan.
+    ///
+    /// # Errors
+    /// [`Error::StaleHandle`] once the lifecycle is released (or if it never began),
+    /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
+    ///
+    /// ```
+    /// use kvfence::{Config, Phase, RoomTable};
+    /// let table = RoomTable::new(Config::gate(8))?;
+    /// let h = table.open_gate(&[4, 9], 1, vec![1, 2, 3])?;
+    /// let t = table.begin_transfer_to(h, 4)?;
+    /// let _ = table.abort(h)?;
+    /// let s = table.room_status(h)?;
+    /// assert_eq!((s.phase, &s.waiting_on[..], s.transfers, s.pages), (Phase::Aborting, &[4, 9][..], 1, 3));
+    /// # let _ = t.complete();
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn room_status(&self, handle: RoomHandle) -> Result<RoomStatus, Error> {
+        self.slot(handle)?;
+        match self.snapshot(handle.index(), Some(handle.generation()), self.now_ms()) {
+            Snapshot::Live(room) => Ok(room),
+            _ => Err(self.stale()),
+        }
+    }
+
+    /// One room, read consistently; `want`: only that lifecycle.
+    fn snapshot(&self, index: usize, want: Option<u32>, now_ms: u32) -> Snapshot {
         let slot = &self.slots[index].0;
         for _ in 0..STATS_RETRIES {
             let state = slot.word.load(Ordering::Acquire);
+            let gen = state.gen();
             if state.phase() == Phase::Free {
-                return None;
-            }
-            let (sized_gen, pages) = split(slot.sized.load(Ordering::Relaxed));
-            let (closed_gen, closed_ms) = split(slot.closed_at.load(Ordering::Relaxed));
-            let mut waiting_on = RankSet::new();
-            let mut words = 0;
-            for word in 0..self.mask_words {
-                let mask = self.mask(index, word).load(Ordering::Acquire);
-                if mask.gen() == state.gen() && mask.pending() != 0 {
-                    waiting_on.add_chunk(word, mask.pending());
-                    words += 1;
+                if want.is_some() {
+                    return Snapshot::Free;
                 }
+                // Released but not yet delivered: its release waits in the queue.
+                let (qgen, _) = untag(slot.queued.load(Ordering::Relaxed));
+                let (sgen, pages) = untag(slot.sized.load(Ordering::Relaxed));
+                let queued = qgen.wrapping_add(1) == gen
+                    && slot.released_below.load(Ordering::Acquire) != gen
+                    && self.rooms_free_bit_taken(index);
+                return if queued && sgen == qgen {
+                    Snapshot::Queued(pages as usize)
+                } else {
+                    Snapshot::Free
+                };
             }
+            if want.is_some_and(|w| w != gen) {
+                return Snapshot::Free;
+            }
+            let (sized_gen, pages) = untag(slot.sized.load(Ordering::Relaxed));
+            let (closed_gen, closed_ms) = untag(slot.closed_at.load(Ordering::Relaxed));
+            let (failed_gen, failed) = untag(slot.failed.load(Ordering::Relaxed));
+            let quarantined =
+                slot.quarantined.load(Ordering::Relaxed) == crate::table::mark(gen);
+            let waiting_on = slot.writers.pending(gen);
+            let words = slot.writers.pending_words(gen);
             // The reads above belong to `state`'s lifecycle only if the word did not move
-            // on meanwhile (a new lifecycle restamps the size before it publishes).
+            // on meanwhile (a new lifecycle restamps them before it publishes).
             let again = slot.word.load(Ordering::Acquire);
-            if again != state || sized_gen != state.gen() {
+            if again.gen() != gen || again.phase() == Phase::Free || sized_gen != gen {
                 continue;
             }
-            let closing_for = if state.phase().is_closing()
-                && closed_gen == state.gen()
+            let closing_for = if again.phase().is_closing()
+                && closed_gen == gen
                 && closed_ms != NOT_CLOSED
             {
                 // Closed after `now_ms` was read (a negative difference): just now.
@@ -212,19 +279,32 @@ impl crate::RoomTable {
             } else {
                 Duration::ZERO
             };
-            return Some(ClosingRoom {
-                handle: self.handle(index, state.gen()),
-                phase: state.phase(),
+            return Snapshot::Live(RoomStatus {
+                handle: self.handle(index, gen),
+                phase: again.phase(),
                 waiting_on,
-                transfers: state.holds().saturating_sub(words),
+                transfers: again.holds().saturating_sub(words),
+                failed: if failed_gen == gen { failed } else { 0 },
                 pages: pages as usize,
                 closing_for,
+                quarantined,
             });
         }
-        None
+        Snapshot::Free
+    }
+
+    fn rooms_free_bit_taken(&self, index: usize) -> bool {
+        !self.rooms_free.is_free(index)
+    }
+
+    /// Releases waiting in the release queue right now.
+    pub fn queued_releases(&self) -> usize {
+        self.queue.len()
     }
 }
 
-fn split(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
+enum Snapshot {
+    Free,
+    Live(RoomStatus),
+    Queued(usize),
 }

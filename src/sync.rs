@@ -19,7 +19,7 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
     pub(crate) use std::thread_local;
 
@@ -34,6 +34,7 @@ mod imp {
 
         /// Runs `f` with a shared pointer to the contents.
         #[inline(always)]
+        #[allow(dead_code)] // loom's API has it; the crate currently only needs `with_mut`
         pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
             f(self.0.get())
         }
@@ -82,7 +83,7 @@ mod imp {
 #[cfg(loom)]
 mod imp {
     pub(crate) use loom::cell::UnsafeCell;
-    pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+    pub(crate) use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub(crate) use loom::sync::{Mutex, MutexGuard};
     pub(crate) use loom::thread_local;
 

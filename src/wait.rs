@@ -124,9 +124,9 @@ impl RoomTable {
     /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
     ///
     /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(1, &RankSet::first(1)?)?;
+    /// use kvfence::{Config, RoomTable};
+    /// let table = RoomTable::new(Config::pool(8, 64))?;
+    /// let room = table.open(&[0], 1)?;
     /// let _ = table.abort(room.handle)?;
     /// std::thread::scope(|s| {
     ///     s.spawn(|| table.quiesce(room.handle, 0));          // the ACK arrives
@@ -150,10 +150,10 @@ impl RoomTable {
     /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
     ///
     /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
+    /// use kvfence::{Config, RoomTable};
     /// use std::time::Duration;
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(1, &RankSet::first(1)?)?;
+    /// let table = RoomTable::new(Config::pool(8, 64))?;
+    /// let room = table.open(&[0], 1)?;
     /// let _ = table.abort(room.handle)?;                   // rank 0 has not ACKed
     /// assert!(!table.wait_released_timeout(room.handle, Duration::from_millis(5))?);
     /// let _ = table.quiesce(room.handle, 0)?;
@@ -189,9 +189,9 @@ impl RoomTable {
     /// transfers to drain). A room whose `open` is mid-way does not count.
     ///
     /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(1, &RankSet::new())?;
+    /// use kvfence::{Config, RoomTable};
+    /// let table = RoomTable::new(Config::pool(8, 64))?;
+    /// let room = table.open(&[], 1)?;
     /// let _ = table.finish(room.handle)?;
     /// table.wait_idle();
     /// # Ok::<(), kvfence::Error>(())
@@ -204,10 +204,10 @@ impl RoomTable {
     /// the time ran out first.
     ///
     /// ```
-    /// use kvfence::{Config, RankSet, RoomTable};
+    /// use kvfence::{Config, RoomTable};
     /// use std::time::Duration;
-    /// let table = RoomTable::new(Config::new(8, 64, 4))?;
-    /// let room = table.open(1, &RankSet::new())?;
+    /// let table = RoomTable::new(Config::pool(8, 64))?;
+    /// let room = table.open(&[], 1)?;
     /// assert!(!table.wait_idle_timeout(Duration::from_millis(5)));   // still owned
     /// let _ = table.finish(room.handle)?;
     /// assert!(table.wait_idle_timeout(Duration::from_millis(5)));

@@ -1,198 +1,106 @@
-//! Writer ranks: the public [`RankSet`] and the per-room, generation-tagged mask words.
+//! Writer ranks: a room's inline writer list, its generation-tagged pending masks, and the
+//! [`Fanout`] that `abort` returns.
 //!
 //! # Implementation details
 //!
-//! A room's writer set is split into mask words of 16 ranks each:
+//! Rank ids are any `u32` but `u32::MAX` (an engine numbers `(prefill instance, rank)`
+//! pairs as it likes). A room has at most [`MAX_WRITERS`] writers, stored inline in its
+//! slot: the list of ids (`AtomicU32`s) and two mask words of 32 *positions* each:
 //!
 //! ```text
-//!  63                              32 31            16 15             0
-//! +----------------------------------+----------------+----------------+
-//! |            generation            |    original    |    pending     |
-//! +----------------------------------+----------------+----------------+
+//!  63                              32 31                              0
+//! +----------------------------------+--------------------------------+
+//! |            generation            |     pending (positions)        |
+//! +----------------------------------+--------------------------------+
 //! ```
 //!
-//! * `original` is the word's part of the set the room was opened with (never changes
-//!   during a lifecycle): it tells "not in this room's set" (an error) apart from "already
-//!   quiesced" (a duplicate, harmless).
-//! * `pending` is the ranks that may still write. `quiesce` clears one bit by CAS, and only
-//!   if the word's generation equals the handle's: a late or duplicate ACK from an earlier
-//!   lifecycle compares against a word the opener has since restamped, and fails.
-//! * While `pending != 0` the word owns one hold on the room word. The thread whose CAS
-//!   empties `pending` drops that hold, which may release the room. So the room word's
-//!   `holds == 0` means "no transfer in flight *and* every writer quiesced", read in one load.
+//! Bit `p` of word `p / 32` is set while the writer at position `p` of the list may still
+//! write. `quiesce(rank)` finds the rank's position in the list and clears its bit by CAS,
+//! only if the word's generation is the handle's: a late or duplicate ACK of an earlier
+//! lifecycle compares against a word the next opener restamped, and fails. While a word has
+//! a pending bit it owns one hold on the room word; the CAS that empties it drops the hold.
+//! So per-room work (quiesce, fan-out, a fence's check) is proportional to the room's own
+//! writer count, whatever the rank ids are.
 //!
-//! 16 ranks per word, not 32, so that `original` and `pending` share the word with a full
-//! 32-bit generation and are read and changed in one CAS; a room with [`MAX_RANKS`] ranks
-//! has 16 words and so at most 16 holds from writers.
-//!
-//! Who writes a mask word: the opener (plain `Relaxed` stores before the `Release` that
-//! publishes the room word, while it owns the room index), then only `quiesce` CASes
-//! that clear `pending` bits of the same generation.
+//! **Who writes what.** The opener, while it owns the room index and before it publishes the
+//! room word: the ids, the count (tagged with the generation) and the mask words. Then only
+//! `quiesce`/`fence_rank`/`quarantine` CASes clearing bits of the same generation. The ids
+//! are atomics, not plain memory, because readers holding only a handle (a late ACK) may read
+//! them while the next opener rewrites them; such a reader always re-validates the
+//! generation afterwards (the mask CAS, or a reload of the room word), so a mixed read can
+//! only make it report a stale handle, never change another lifecycle.
 
 use crate::error::Error;
 use crate::pack::Field;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use arrayvec::ArrayVec;
 
-/// The most writer ranks a table supports (rank ids `0..MAX_RANKS`).
-pub const MAX_RANKS: usize = 256;
+/// The most writer ranks one room can wait on (its fan-in).
+pub const MAX_WRITERS: usize = 64;
 
-/// Ranks per mask word.
-pub(crate) const RANKS_PER_WORD: usize = 16;
+/// Positions per mask word.
+const PER_WORD: usize = 32;
+const WORDS: usize = MAX_WRITERS / PER_WORD;
 
-const PENDING: Field = Field::after(None, 16);
-const ORIGINAL: Field = Field::after(Some(PENDING), 16);
-const GEN: Field = Field::after(Some(ORIGINAL), 32);
+const PENDING: Field = Field::after(None, 32);
+const GEN: Field = Field::after(Some(PENDING), 32);
 
-/// A set of writer ranks (`0..MAX_RANKS`), as a fixed 256-bit set: `Copy`, 32 bytes, no
-/// heap. It is both what [`open`](crate::RoomTable::open) takes and the fan-out that
-/// [`abort`](crate::RoomTable::abort) returns.
+/// Writer ranks a closing room still waits on (what [`abort`](crate::RoomTable::abort)
+/// returns: tell each to drain and ACK). Inline, at most [`MAX_WRITERS`], no heap.
 ///
 /// ```
-/// use kvfence::RankSet;
-/// let mut set = RankSet::first(4)?;        // ranks 0, 1, 2, 3
-/// set.insert(200)?;
-/// assert!(set.contains(200) && set.len() == 5);
-/// assert!(set.insert(256).is_err());        // out of range: an error, not a panic
-/// assert_eq!(set.iter().collect::<Vec<_>>(), [0, 1, 2, 3, 200]);
+/// use kvfence::{Config, RoomTable};
+/// let table = RoomTable::new(Config::pool(8, 64))?;
+/// let room = table.open(&[7, 1_000_042], 2)?;
+/// let aborted = table.abort(room.handle)?;
+/// assert_eq!(&aborted.fanout[..], &[7, 1_000_042]);
+/// assert!(aborted.fanout.contains(7));
 /// # Ok::<(), kvfence::Error>(())
 /// ```
-#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct RankSet {
-    bits: [u64; MAX_RANKS / 64],
-}
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Fanout(ArrayVec<u32, MAX_WRITERS>);
 
-impl RankSet {
-    /// The empty set.
-    pub const fn new() -> RankSet {
-        RankSet {
-            bits: [0; MAX_RANKS / 64],
-        }
-    }
-
-    /// Ranks `0..n`.
-    ///
-    /// # Errors
-    /// [`Error::RankOutOfRange`] if `n > MAX_RANKS`.
-    pub fn first(n: usize) -> Result<RankSet, Error> {
-        let mut set = RankSet::new();
-        for rank in 0..n {
-            set.insert(u32::try_from(rank).unwrap_or(u32::MAX))?;
-        }
-        Ok(set)
-    }
-
-    /// The set of the given ranks.
-    ///
-    /// # Errors
-    /// [`Error::RankOutOfRange`] for the first rank `>= MAX_RANKS`.
-    pub fn from_ranks(ranks: impl IntoIterator<Item = u32>) -> Result<RankSet, Error> {
-        let mut set = RankSet::new();
-        for rank in ranks {
-            set.insert(rank)?;
-        }
-        Ok(set)
-    }
-
-    /// Adds `rank`; returns whether it was new.
-    ///
-    /// # Errors
-    /// [`Error::RankOutOfRange`] if `rank >= MAX_RANKS`.
-    pub fn insert(&mut self, rank: u32) -> Result<bool, Error> {
-        let (word, bit) = locate(rank)?;
-        let new = self.bits[word] & bit == 0;
-        self.bits[word] |= bit;
-        Ok(new)
-    }
-
-    /// Removes `rank`; returns whether it was present (out-of-range ranks never are).
-    pub fn remove(&mut self, rank: u32) -> bool {
-        match locate(rank) {
-            Ok((word, bit)) => {
-                let had = self.bits[word] & bit != 0;
-                self.bits[word] &= !bit;
-                had
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Whether `rank` is in the set.
+impl Fanout {
+    /// Whether `rank` is in the fan-out.
     pub fn contains(&self, rank: u32) -> bool {
-        locate(rank).is_ok_and(|(word, bit)| self.bits[word] & bit != 0)
+        self.0.contains(&rank)
     }
 
-    /// Number of ranks in the set.
-    pub fn len(&self) -> usize {
-        self.bits.iter().map(|w| w.count_ones() as usize).sum()
-    }
-
-    /// Whether the set is empty.
-    pub fn is_empty(&self) -> bool {
-        self.bits.iter().all(|&w| w == 0)
-    }
-
-    /// The highest rank in the set.
-    pub fn max(&self) -> Option<u32> {
-        self.iter().last()
-    }
-
-    /// Ranks in ascending order.
-    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.bits.iter().enumerate().flat_map(|(i, &word)| {
-            let mut w = word;
-            core::iter::from_fn(move || {
-                if w == 0 {
-                    return None;
-                }
-                let bit = w.trailing_zeros();
-                w &= w - 1;
-                Some(i as u32 * 64 + bit)
-            })
-        })
-    }
-
-    /// The set whose 64-rank words are `words` (rank `64*i + b` is bit `b` of `words[i]`).
-    pub(crate) const fn from_words(words: [u64; MAX_RANKS / 64]) -> RankSet {
-        RankSet { bits: words }
-    }
-
-    /// The 16-rank chunk `index` (ranks `16*index .. 16*index+16`), as stored in a mask word.
-    pub(crate) fn chunk(&self, index: usize) -> u16 {
-        let bit = index * RANKS_PER_WORD;
-        (self.bits[bit / 64] >> (bit % 64)) as u16
-    }
-
-    /// ORs a mask word's 16-rank chunk `index` into the set.
-    pub(crate) fn add_chunk(&mut self, index: usize, chunk: u16) {
-        let bit = index * RANKS_PER_WORD;
-        self.bits[bit / 64] |= (chunk as u64) << (bit % 64);
-    }
-
-    /// The ranks in both sets.
-    pub fn intersection(&self, other: &RankSet) -> RankSet {
-        let mut out = *self;
-        for (a, b) in out.bits.iter_mut().zip(other.bits) {
-            *a &= b;
-        }
-        out
+    pub(crate) fn push(&mut self, rank: u32) {
+        self.0.push(rank);
     }
 }
 
-impl core::fmt::Debug for RankSet {
+impl core::ops::Deref for Fanout {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        &self.0
+    }
+}
+
+impl core::fmt::Debug for Fanout {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_set().entries(self.iter()).finish()
+        f.debug_list().entries(self.0.iter()).finish()
     }
 }
 
-fn locate(rank: u32) -> Result<(usize, u64), Error> {
-    let r = rank as usize;
-    if r >= MAX_RANKS {
-        return Err(Error::RankOutOfRange {
-            rank,
-            max: MAX_RANKS as u32,
+/// Checks a writer list: at most [`MAX_WRITERS`], no duplicates, no `u32::MAX`.
+pub(crate) fn check_writers(writers: &[u32]) -> Result<(), Error> {
+    if writers.len() > MAX_WRITERS {
+        return Err(Error::TooManyWriters {
+            writers: writers.len(),
+            max: MAX_WRITERS,
         });
     }
-    Ok((r / 64, 1u64 << (r % 64)))
+    for (i, &rank) in writers.iter().enumerate() {
+        if rank == u32::MAX {
+            return Err(Error::InvalidRank { rank });
+        }
+        if writers[..i].contains(&rank) {
+            return Err(Error::DuplicateWriter { rank });
+        }
+    }
+    Ok(())
 }
 
 /// A mask word's decoded value.
@@ -200,27 +108,21 @@ fn locate(rank: u32) -> Result<(usize, u64), Error> {
 pub(crate) struct Mask(u64);
 
 impl Mask {
-    pub(crate) const fn new(gen: u32, ranks: u16) -> Mask {
-        Mask(GEN.set(
-            ORIGINAL.set(PENDING.set(0, ranks as u64), ranks as u64),
-            gen as u64,
-        ))
+    pub(crate) const fn new(gen: u32, pending: u32) -> Mask {
+        Mask(GEN.set(PENDING.set(0, pending as u64), gen as u64))
     }
     pub(crate) const fn gen(self) -> u32 {
         GEN.get(self.0) as u32
     }
-    pub(crate) const fn pending(self) -> u16 {
-        PENDING.get(self.0) as u16
-    }
-    pub(crate) const fn original(self) -> u16 {
-        ORIGINAL.get(self.0) as u16
+    pub(crate) const fn pending(self) -> u32 {
+        PENDING.get(self.0) as u32
     }
 }
 
-/// What one `quiesce` did to its mask word.
+/// What clearing one position did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Cleared {
-    /// The bit was cleared; other ranks of the word are still pending.
+    /// The bit was cleared; other positions of the word are still pending.
     Bit,
     /// The bit was cleared and the word is now empty: the caller owns the word's hold on
     /// the room word and must drop it.
@@ -229,56 +131,113 @@ pub(crate) enum Cleared {
     Duplicate,
 }
 
-/// Why a mask word refused.
+/// The mask word belongs to another lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MaskRefusal {
-    /// The word belongs to another lifecycle.
-    Stale,
-    /// The rank is not in the room's original writer set.
-    NotInRoom,
+pub(crate) struct MaskStale;
+
+/// One room's writers (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Writers {
+    ids: [AtomicU32; MAX_WRITERS],
+    /// `generation << 32 | writer count`.
+    count: AtomicU64,
+    masks: [AtomicU64; WORDS],
 }
 
-/// One generation-tagged mask word.
-#[derive(Debug)]
-pub(crate) struct MaskWord(AtomicU64);
-
-impl MaskWord {
-    pub(crate) fn new() -> MaskWord {
-        MaskWord(AtomicU64::new(Mask::new(0, 0).0))
+impl Writers {
+    pub(crate) fn new() -> Writers {
+        Writers {
+            ids: core::array::from_fn(|_| AtomicU32::new(u32::MAX)),
+            count: AtomicU64::new(0),
+            masks: core::array::from_fn(|_| AtomicU64::new(0)),
+        }
     }
 
-    pub(crate) fn load(&self, order: Ordering) -> Mask {
-        Mask(self.0.load(order))
+    /// Stamps the list for lifecycle `gen` (only the opener, before it publishes); returns
+    /// the number of holds the mask words own.
+    pub(crate) fn stamp(&self, gen: u32, writers: &[u32]) -> u32 {
+        for (slot, &rank) in self.ids.iter().zip(writers) {
+            slot.store(rank, Ordering::Relaxed);
+        }
+        self.count
+            .store(u64::from(gen) << 32 | writers.len() as u64, Ordering::Relaxed);
+        let mut holds = 0;
+        for (w, mask) in self.masks.iter().enumerate() {
+            let n = writers.len().saturating_sub(w * PER_WORD).min(PER_WORD);
+            let bits = if n == PER_WORD { u32::MAX } else { (1u32 << n) - 1 };
+            mask.store(Mask::new(gen, bits).0, Ordering::Relaxed);
+            holds += u32::from(bits != 0);
+        }
+        holds
     }
 
-    /// Stamps the word for a new lifecycle. Only the opener, before publishing.
-    pub(crate) fn stamp(&self, gen: u32, ranks: u16) {
-        self.0.store(Mask::new(gen, ranks).0, Ordering::Relaxed);
+    /// The writer count of lifecycle `gen`, if the list is (still) that lifecycle's.
+    fn count(&self, gen: u32) -> Option<usize> {
+        let c = self.count.load(Ordering::Relaxed);
+        ((c >> 32) as u32 == gen).then_some(c as u32 as usize)
     }
 
-    /// Clears `bit` (a one-bit `u16`) for lifecycle `gen`.
-    pub(crate) fn clear(&self, gen: u32, bit: u16) -> Result<Cleared, MaskRefusal> {
-        let mut cur = self.load(Ordering::Acquire);
+    /// The position of `rank` in lifecycle `gen`'s list. `None` if it is not there (or the
+    /// list is no longer `gen`'s: the caller re-validates the generation).
+    pub(crate) fn position(&self, gen: u32, rank: u32) -> Option<usize> {
+        let n = self.count(gen)?;
+        self.ids[..n.min(MAX_WRITERS)]
+            .iter()
+            .position(|id| id.load(Ordering::Relaxed) == rank)
+    }
+
+    /// Clears position `pos` for lifecycle `gen`.
+    pub(crate) fn clear(&self, gen: u32, pos: usize) -> Result<Cleared, MaskStale> {
+        let word = &self.masks[pos / PER_WORD];
+        let bit = 1u32 << (pos % PER_WORD);
+        let mut cur = Mask(word.load(Ordering::Acquire));
         loop {
             if cur.gen() != gen {
-                return Err(MaskRefusal::Stale);
-            }
-            if cur.original() & bit == 0 {
-                return Err(MaskRefusal::NotInRoom);
+                return Err(MaskStale);
             }
             if cur.pending() & bit == 0 {
                 return Ok(Cleared::Duplicate);
             }
-            let next = Mask(PENDING.set(cur.0, (cur.pending() & !bit) as u64));
-            match self
-                .0
-                .compare_exchange_weak(cur.0, next.0, Ordering::AcqRel, Ordering::Acquire)
-            {
+            let next = Mask::new(gen, cur.pending() & !bit);
+            match word.compare_exchange_weak(cur.0, next.0, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) if next.pending() == 0 => return Ok(Cleared::LastOfWord),
                 Ok(_) => return Ok(Cleared::Bit),
                 Err(actual) => cur = Mask(actual),
             }
         }
+    }
+
+    /// Positions of lifecycle `gen` still pending, as `(position)` in order.
+    pub(crate) fn pending_positions(&self, gen: u32) -> impl Iterator<Item = usize> + '_ {
+        self.masks.iter().enumerate().flat_map(move |(w, word)| {
+            let mask = Mask(word.load(Ordering::Acquire));
+            let mut bits = if mask.gen() == gen { mask.pending() } else { 0 };
+            core::iter::from_fn(move || {
+                (bits != 0).then(|| {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    w * PER_WORD + b
+                })
+            })
+        })
+    }
+
+    /// The ranks of lifecycle `gen` still pending (the caller re-validates the generation).
+    pub(crate) fn pending(&self, gen: u32) -> Fanout {
+        let mut out = Fanout::default();
+        for pos in self.pending_positions(gen) {
+            out.push(self.ids[pos].load(Ordering::Relaxed));
+        }
+        out
+    }
+
+    /// Mask words of lifecycle `gen` that still own a hold.
+    pub(crate) fn pending_words(&self, gen: u32) -> u32 {
+        self.masks
+            .iter()
+            .map(|w| Mask(w.load(Ordering::Acquire)))
+            .filter(|m| m.gen() == gen && m.pending() != 0)
+            .count() as u32
     }
 }
 
@@ -287,26 +246,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn chunks_round_trip() {
-        let set = RankSet::from_ranks([0, 15, 16, 63, 64, 255]).unwrap();
-        let mut back = RankSet::new();
-        for i in 0..MAX_RANKS / RANKS_PER_WORD {
-            back.add_chunk(i, set.chunk(i));
-        }
-        assert_eq!(back, set);
-        assert_eq!(set.chunk(0), 0x8001);
-        assert_eq!(set.chunk(15), 0x8000);
+    fn stamp_counts_holds_per_nonempty_word() {
+        let w = Writers::new();
+        assert_eq!(w.stamp(1, &[]), 0);
+        assert_eq!(w.stamp(2, &[5]), 1);
+        let many: Vec<u32> = (100..164).collect();
+        assert_eq!(w.stamp(3, &many), 2);
+        assert_eq!(w.position(3, 163), Some(63));
+        assert_eq!(w.position(2, 163), None, "another lifecycle's list");
+        assert_eq!(&w.pending(3)[..], &many[..]);
     }
 
     #[test]
-    fn mask_word_checks_generation_and_membership() {
-        let w = MaskWord::new();
-        w.stamp(5, 0b101);
-        assert_eq!(w.clear(4, 0b1), Err(MaskRefusal::Stale));
-        assert_eq!(w.clear(5, 0b10), Err(MaskRefusal::NotInRoom));
-        assert_eq!(w.clear(5, 0b1), Ok(Cleared::Bit));
-        assert_eq!(w.clear(5, 0b1), Ok(Cleared::Duplicate));
-        assert_eq!(w.clear(5, 0b100), Ok(Cleared::LastOfWord));
-        assert_eq!(w.load(Ordering::Relaxed).original(), 0b101);
+    fn clear_checks_generation_and_reports_the_last_bit() {
+        let w = Writers::new();
+        let _ = w.stamp(5, &[10, 20, 30]);
+        assert_eq!(w.clear(4, 0), Err(MaskStale));
+        assert_eq!(w.clear(5, 0), Ok(Cleared::Bit));
+        assert_eq!(w.clear(5, 0), Ok(Cleared::Duplicate));
+        assert_eq!(w.clear(5, 2), Ok(Cleared::Bit));
+        assert_eq!(&w.pending(5)[..], &[20]);
+        assert_eq!(w.clear(5, 1), Ok(Cleared::LastOfWord));
+        assert_eq!(w.pending_words(5), 0);
+    }
+
+    #[test]
+    fn writer_lists_are_checked() {
+        assert!(check_writers(&[1, 2, 3]).is_ok());
+        assert_eq!(
+            check_writers(&[1, 2, 1]),
+            Err(Error::DuplicateWriter { rank: 1 })
+        );
+        assert_eq!(
+            check_writers(&[u32::MAX]),
+            Err(Error::InvalidRank { rank: u32::MAX })
+        );
+        let many: Vec<u32> = (0..65).collect();
+        assert_eq!(
+            check_writers(&many),
+            Err(Error::TooManyWriters {
+                writers: 65,
+                max: 64
+            })
+        );
     }
 }
