@@ -356,4 +356,447 @@ mod tests {
         assert_eq!(lowest_bits(0b1011_0100, 2), 0b0001_0100);
         assert_eq!(lowest_bits(0b1011_0100, 9), 0b1011_0100);
     }
+
+    // Exact-contents tests against a reference model: a `Vec<bool>`, `true` = free. The
+    // helpers read and write `words` directly (not through `word`/`nwords`/`count_free`), so
+    // a broken accessor cannot hide behind a broken check.
+
+    /// Pool sizes around word edges: one whole word, one word and a bit, one bit short of two
+    /// words, two whole words, two words and a partial one, a partial fourth word.
+    const LENS: [usize; 6] = [64, 65, 127, 128, 130, 200];
+
+    /// A bitmap of `free.len()` indices whose free set is exactly `free`.
+    fn bitmap_from(free: &[bool], kind: Kind) -> Bitmap {
+        let b = Bitmap::full(free.len(), kind);
+        for (w, chunk) in free.chunks(64).enumerate() {
+            let bits = chunk
+                .iter()
+                .enumerate()
+                .filter(|&(_, &f)| f)
+                .fold(0u64, |acc, (bit, _)| acc | 1 << bit);
+            b.words[w * b.stride].store(bits, Ordering::Relaxed);
+        }
+        b
+    }
+
+    /// Every set bit of every word, as an index (a bit at or past `len` is reported too);
+    /// also checks that padding words stay zero.
+    fn free_indices(b: &Bitmap) -> Vec<usize> {
+        let mut free = Vec::new();
+        for (i, word) in b.words.iter().enumerate() {
+            let bits = word.load(Ordering::Relaxed);
+            if i % b.stride != 0 {
+                assert_eq!(bits, 0, "padding word {i} is not zero");
+                continue;
+            }
+            let w = i / b.stride;
+            free.extend(
+                (0..64)
+                    .filter(|bit| bits >> bit & 1 == 1)
+                    .map(|bit| w * 64 + bit),
+            );
+        }
+        free
+    }
+
+    fn model_free(model: &[bool]) -> Vec<usize> {
+        (0..model.len()).filter(|&i| model[i]).collect()
+    }
+
+    /// The bitmap holds exactly the model's free set, and `count_free` agrees.
+    #[track_caller]
+    fn assert_state(b: &Bitmap, model: &[bool], what: &str) {
+        assert_eq!(free_indices(b), model_free(model), "{what}: free indices");
+        let count = model.iter().filter(|&&f| f).count();
+        assert_eq!(b.count_free(), count, "{what}: count_free");
+    }
+
+    /// What `claim_many(n)` must do with the hint at `hint`: walk the words from the hint's
+    /// word (wrapping), taking the lowest free indices of each, all-or-nothing. Returns the
+    /// claimed indices in claim order (`None`, state unchanged, if fewer than `n` are free)
+    /// and the hint afterwards: the first index of the last word that gave indices (it moves
+    /// on a failed claim too, which put those indices back), unchanged if none did.
+    fn model_claim_many(free: &mut [bool], hint: usize, n: usize) -> (Option<Vec<u32>>, usize) {
+        let len = free.len();
+        let nwords = len.div_ceil(64);
+        let first = hint % len / 64;
+        let mut out = Vec::new();
+        let mut new_hint = hint;
+        for k in 0..nwords {
+            if out.len() == n {
+                break;
+            }
+            let w = (first + k) % nwords;
+            let before = out.len();
+            for (bit, &f) in free[w * 64..len.min(w * 64 + 64)].iter().enumerate() {
+                if out.len() < n && f {
+                    out.push((w * 64 + bit) as u32);
+                }
+            }
+            if out.len() > before {
+                new_hint = w * 64;
+            }
+        }
+        if out.len() < n {
+            return (None, new_hint);
+        }
+        for &i in &out {
+            free[i as usize] = false;
+        }
+        (Some(out), new_hint)
+    }
+
+    /// What `claim_one` must return with the hint at `hint`: the lowest free index at or
+    /// after the hint in the hint's word, else the lowest free index of the first word (from
+    /// the hint's word, wrapping) that has one. The hint afterwards is that index + 1.
+    fn model_claim_one(free: &mut [bool], hint: usize) -> Option<usize> {
+        let len = free.len();
+        let nwords = len.div_ceil(64);
+        let start = hint % len;
+        let first = start / 64;
+        let word = |w: usize| w * 64..len.min(w * 64 + 64);
+        let pick = (start..word(first).end).find(|&i| free[i]).or_else(|| {
+            (0..nwords)
+                .map(|k| word((first + k) % nwords))
+                .find_map(|mut r| r.find(|&i| free[i]))
+        });
+        if let Some(i) = pick {
+            free[i] = false;
+        }
+        pick
+    }
+
+    /// Free sets that put the claim fast path (a whole free word) and its neighbours at every
+    /// word edge of a pool of `len`.
+    fn patterns(len: usize) -> Vec<(String, Vec<bool>)> {
+        let mut out = vec![
+            ("all free".to_string(), vec![true; len]),
+            ("all claimed".to_string(), vec![false; len]),
+        ];
+        for k in [1, 6, 63, 64, 70, 128] {
+            if k < len {
+                out.push((
+                    format!("0..{k} claimed"),
+                    (0..len).map(|i| i >= k).collect(),
+                ));
+            }
+        }
+        out.push((
+            "every third free".to_string(),
+            (0..len).map(|i| i % 3 == 0).collect(),
+        ));
+        out.push((
+            "5, 64, 127 claimed".to_string(),
+            (0..len).map(|i| ![5, 64, 127].contains(&i)).collect(),
+        ));
+        let last = (len - 1) / 64 * 64;
+        out.push((
+            "only the last word free".to_string(),
+            (0..len).map(|i| i >= last).collect(),
+        ));
+        out
+    }
+
+    /// Hints at and around every word edge, past the end (taken modulo `len`) included.
+    fn hints(len: usize) -> Vec<usize> {
+        let mut h = vec![0, 5, 63, 64, 70, 127, 128, 129, len - 1, len, len + 5];
+        h.sort_unstable();
+        h.dedup();
+        h
+    }
+
+    #[test]
+    fn full_sets_exactly_the_first_len_bits() {
+        for len in [1, 3, 63, 64, 65, 127, 128, 129, 130, 200] {
+            for kind in [Kind::Pages, Kind::Rooms] {
+                let b = Bitmap::full(len, kind);
+                let what = format!("full({len}, {kind:?})");
+                assert_eq!(b.len(), len, "{what}");
+                assert_eq!(b.nwords(), len.div_ceil(64), "{what}");
+                assert_state(&b, &vec![true; len], &what);
+            }
+        }
+    }
+
+    #[test]
+    fn free_one_sets_exactly_its_bit() {
+        for len in LENS {
+            for index in [0, 1, 63, 64, 65, 126, 127, 128, 129, 199] {
+                if index >= len {
+                    continue;
+                }
+                for kind in [Kind::Pages, Kind::Rooms] {
+                    let mut model = vec![false; len];
+                    let b = bitmap_from(&model, kind);
+                    b.free_one(index);
+                    model[index] = true;
+                    assert_state(
+                        &b,
+                        &model,
+                        &format!("len {len} {kind:?}: free_one({index})"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Ascending runs of every length around 64 and 128, starting at every word edge and
+    /// ending at the pool's last (partial) word: over an all-claimed background (freeing a
+    /// bit outside the run shows up) and over an all-free-but-the-run one (so the
+    /// double-free assertions see any bit freed twice).
+    #[test]
+    fn free_all_runs_at_word_edges_match_model() {
+        for len in LENS {
+            for k in [1, 2, 63, 64, 65, 127, 128, 129] {
+                let mut starts = vec![0, 1, 5, 32, 62, 63, 64, 65, 70, 126, 127, 128, 129, 136];
+                starts.push(len.saturating_sub(k)); // ends at the last index
+                for start in starts {
+                    if start + k > len {
+                        continue;
+                    }
+                    let run: Vec<u32> = (start as u32..(start + k) as u32).collect();
+                    for kind in [Kind::Pages, Kind::Rooms] {
+                        let what = format!("len {len} {kind:?}: free_all({start}..{})", start + k);
+                        let mut model = vec![false; len];
+                        let b = bitmap_from(&model, kind);
+                        b.free_all(&run);
+                        run.iter().for_each(|&i| model[i as usize] = true);
+                        assert_state(&b, &model, &what);
+
+                        let mut model = vec![true; len];
+                        run.iter().for_each(|&i| model[i as usize] = false);
+                        let b = bitmap_from(&model, kind);
+                        b.free_all(&run);
+                        assert_state(&b, &vec![true; len], &format!("{what}, rest free"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lists shaped like `claim_many`'s output (one ascending group per word, words in scan
+    /// order, so whole words sit anywhere in the list) and reversed lists, each freed over an
+    /// all-claimed pool of 200.
+    #[test]
+    fn free_all_mixed_order_matches_model() {
+        let r = |a: u32, b: u32| (a..b).collect::<Vec<u32>>();
+        let cat = |parts: &[Vec<u32>]| parts.concat();
+        let cases: Vec<(&str, Vec<u32>)> = vec![
+            (
+                "whole word 2, then 3 and 7, then whole word 1",
+                cat(&[r(128, 192), vec![3, 7], r(64, 128)]),
+            ),
+            (
+                "wrapped run: tail word 3, then 0..56",
+                cat(&[r(192, 200), r(0, 56)]),
+            ),
+            (
+                "aligned start, 64 entries, not one word",
+                cat(&[r(0, 3), r(64, 192)]),
+            ),
+            (
+                "aligned index 64 with only 2 entries left",
+                cat(&[r(1, 60), r(64, 66)]),
+            ),
+            ("64 entries from mid-word 0", r(5, 69)),
+            ("64 entries from mid-word 1", r(70, 134)),
+            ("128 entries from mid-word 0", r(6, 134)),
+            ("whole words 0 and 1", r(0, 128)),
+            ("whole word 1, then word 0", cat(&[r(64, 128), r(0, 64)])),
+            (
+                "partial word 3, whole word 0, partial word 1",
+                cat(&[r(192, 200), r(0, 64), r(64, 70)]),
+            ),
+            ("single page 64", vec![64]),
+            ("single page 0", vec![0]),
+            ("single page 199", vec![199]),
+            ("descending 0..200", (0..200).rev().collect()),
+            ("descending 5..69", (5..69).rev().collect()),
+        ];
+        for (what, list) in cases {
+            for kind in [Kind::Pages, Kind::Rooms] {
+                let mut model = vec![false; 200];
+                let b = bitmap_from(&model, kind);
+                b.free_all(&list);
+                list.iter().for_each(|&i| model[i as usize] = true);
+                assert_state(&b, &model, &format!("{kind:?}: {what}"));
+            }
+        }
+    }
+
+    /// A list whose first index is word-aligned and whose 64th is `first * 63` (here 64 and
+    /// 4032) is not a whole word: only `first + 63` may take the whole-word step. The list is
+    /// a real `claim_many` result: {64} of word 1, 62 indices of word 62, all of word 63.
+    #[test]
+    fn free_all_whole_word_needs_first_plus_63() {
+        let len = 64 * 64 + 7;
+        let mut free = vec![false; len];
+        free[64] = true;
+        (3968..4030).for_each(|i| free[i] = true);
+        (4032..4096).for_each(|i| free[i] = true);
+        let b = bitmap_from(&free, Kind::Pages);
+        b.set_hint(64);
+        let mut out = Vec::new();
+        assert!(b.claim_many(127, &mut out));
+        let want: Vec<u32> = [vec![64], (3968..4030).collect(), (4032..4096).collect()].concat();
+        assert_eq!(out, want);
+        assert_eq!(out[63], out[0] * 63);
+        assert_state(&b, &vec![false; len], "after claim");
+        b.free_all(&out);
+        assert_state(&b, &free, "after free_all");
+    }
+
+    /// Every pattern x hint x batch size around the word edges, on both kinds: the claimed
+    /// indices (order included), the result, the bitmap, the hint, and that `out`'s existing
+    /// contents are kept; then freeing the batch restores the starting bitmap exactly.
+    #[test]
+    fn claim_many_at_word_edges_matches_model() {
+        const SENTINEL: u32 = 0xdead;
+        for len in LENS {
+            for (name, free) in patterns(len) {
+                let nfree = free.iter().filter(|&&f| f).count();
+                let mut sizes = vec![0, 1, 2, 63, 64, 65, 127, 128, 129, nfree, nfree + 1];
+                sizes.sort_unstable();
+                sizes.dedup();
+                for hint in hints(len) {
+                    for &n in &sizes {
+                        for kind in [Kind::Pages, Kind::Rooms] {
+                            let what =
+                                format!("len {len} {kind:?} [{name}] hint {hint}: claim_many({n})");
+                            let b = bitmap_from(&free, kind);
+                            b.set_hint(hint);
+                            let mut model = free.clone();
+                            let (want, want_hint) = model_claim_many(&mut model, hint, n);
+                            let mut out = vec![SENTINEL];
+                            let ok = b.claim_many(n, &mut out);
+                            assert_eq!(ok, want.is_some(), "{what}");
+                            assert_eq!(out[0], SENTINEL, "{what}: existing contents");
+                            assert_eq!(&out[1..], want.as_deref().unwrap_or(&[]), "{what}");
+                            assert_state(&b, &model, &what);
+                            assert_eq!(b.hint(), want_hint, "{what}: hint");
+                            b.free_all(&out[1..]);
+                            assert_state(&b, &free, &format!("{what}, freed again"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `claim_one` from every pattern and hint, repeated until the pool is empty: the index
+    /// (at or after the hint in its word first), the bitmap and the advanced hint.
+    #[test]
+    fn claim_one_at_word_edges_matches_model() {
+        for len in LENS {
+            for (name, free) in patterns(len) {
+                for hint in hints(len) {
+                    for kind in [Kind::Pages, Kind::Rooms] {
+                        let b = bitmap_from(&free, kind);
+                        b.set_hint(hint);
+                        let mut model = free.clone();
+                        let mut h = hint;
+                        loop {
+                            let what = format!("len {len} {kind:?} [{name}] hint {hint}, now {h}");
+                            let want = model_claim_one(&mut model, h);
+                            assert_eq!(b.claim_one(), want, "{what}");
+                            assert_state(&b, &model, &what);
+                            let Some(i) = want else { break };
+                            h = i + 1;
+                            assert_eq!(b.hint(), h, "{what}: hint");
+                        }
+                        assert_eq!(b.hint(), h, "hint unchanged by a failed claim_one");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Random interleavings of every operation on one pool, against the model.
+    #[test]
+    fn random_operations_match_model() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for len in LENS {
+            let b = Bitmap::full(len, Kind::Pages);
+            let mut model = vec![true; len];
+            let mut held: Vec<Vec<u32>> = Vec::new();
+            for step in 0..3000 {
+                let what = format!("len {len} step {step}");
+                match rand(4) {
+                    0 | 1 => {
+                        let hint = rand(len + 70);
+                        let n = rand(len.min(140) + 1);
+                        b.set_hint(hint);
+                        let (want, want_hint) = model_claim_many(&mut model, hint, n);
+                        let mut out = Vec::new();
+                        assert_eq!(b.claim_many(n, &mut out), want.is_some(), "{what}");
+                        assert_eq!(out, want.unwrap_or_default(), "{what}");
+                        assert_eq!(b.hint(), want_hint, "{what}: hint");
+                        held.push(out);
+                    }
+                    2 => {
+                        let hint = rand(len + 70);
+                        b.set_hint(hint);
+                        let want = model_claim_one(&mut model, hint);
+                        assert_eq!(b.claim_one(), want, "{what}");
+                        if let Some(i) = want {
+                            held.push(vec![i as u32]);
+                        }
+                    }
+                    _ if !held.is_empty() => {
+                        let batch = held.swap_remove(rand(held.len()));
+                        if batch.len() == 1 && rand(2) == 0 {
+                            b.free_one(batch[0] as usize);
+                        } else {
+                            b.free_all(&batch);
+                        }
+                        batch.iter().for_each(|&i| model[i as usize] = true);
+                    }
+                    _ => {}
+                }
+                assert_state(&b, &model, &what);
+            }
+        }
+    }
+
+    /// A thread's first hint is its seed's bits reversed, read as a fraction of the table;
+    /// each kind has its own hint; a fresh thread's `hint()` is its `first_hint`.
+    #[test]
+    fn hints_start_at_the_reversed_seed_and_are_per_kind() {
+        let threads: Vec<_> = (0..6)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let seed = crate::sync::thread_seed();
+                    // The top 20 bits of the reversed 64-bit seed are its low 20 bits reversed.
+                    let want = ((seed as u32 & 0xf_ffff).reverse_bits() >> 12) as usize;
+                    assert_eq!(first_hint(1 << 20), want, "seed {seed}");
+                    for len in [1, 3, 130, 200, 1000] {
+                        assert!(first_hint(len) < len, "seed {seed}, len {len}");
+                    }
+                    let pages = Bitmap::full(1000, Kind::Pages);
+                    let rooms = Bitmap::full(1000, Kind::Rooms);
+                    assert_eq!(pages.hint(), first_hint(1000));
+                    pages.set_hint(7);
+                    assert_eq!(
+                        rooms.hint(),
+                        first_hint(1000),
+                        "room hint apart from pages'"
+                    );
+                    rooms.set_hint(9);
+                    assert_eq!(pages.hint(), 7);
+                    assert_eq!(rooms.hint(), 9);
+                    seed
+                })
+            })
+            .collect();
+        let mut seeds: Vec<usize> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        seeds.sort_unstable();
+        seeds.dedup();
+        assert_eq!(seeds.len(), 6, "distinct seeds");
+    }
 }
