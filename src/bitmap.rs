@@ -238,8 +238,15 @@ impl Bitmap {
         while i < indices.len() {
             let w = indices[i] as usize / 64;
             // A whole word claimed at once is stored as 64 ascending indices (see
-            // `claim_many`): give it back in one step.
-            if indices[i] % 64 == 0 && indices.len() - i >= 64 && indices[i + 63] == indices[i] + 63
+            // `claim_many`): give it back in one step. Every entry is checked, not only the
+            // last: a room's list can be several claims appended (`grow`), and
+            // `[0..=31, 128..=158, 63]` starts and ends like word 0 without being it.
+            if indices[i] % 64 == 0
+                && indices.len() - i >= 64
+                && indices[i..i + 64]
+                    .iter()
+                    .zip(indices[i]..)
+                    .all(|(&p, want)| p == want)
             {
                 let prev = self.word(w).fetch_or(u64::MAX, Ordering::Release);
                 debug_assert_eq!(prev, 0, "double free in word {w}");
@@ -256,12 +263,12 @@ impl Bitmap {
         }
     }
 
-    /// Number of free indices right now (exact when no claim or free is in progress).
     /// Whether `index` is free (a snapshot).
     pub(crate) fn is_free(&self, index: usize) -> bool {
         self.word(index / 64).load(Ordering::Relaxed) & 1 << (index % 64) != 0
     }
 
+    /// Number of free indices right now (exact when no claim or free is in progress).
     pub(crate) fn count_free(&self) -> usize {
         (0..self.nwords())
             .map(|w| self.word(w).load(Ordering::Relaxed).count_ones() as usize)
@@ -798,5 +805,21 @@ mod tests {
         seeds.sort_unstable();
         seeds.dedup();
         assert_eq!(seeds.len(), 6, "distinct seeds");
+    }
+
+    /// Regression: a room's page list may be several claims appended (`grow`). A run that
+    /// starts at a word boundary and ends 63 entries later at that word's last bit, with
+    /// other words' pages in between, is not a whole word.
+    #[test]
+    fn free_all_does_not_take_a_spliced_list_for_a_whole_word() {
+        let b = Bitmap::full(256, Kind::Pages);
+        let mut all = Vec::new();
+        assert!(b.claim_many(256, &mut all));
+        let list: Vec<u32> = (0..=31).chain(128..=158).chain([63]).collect();
+        assert_eq!(list.len(), 64);
+        b.free_all(&list);
+        for p in 0..256u32 {
+            assert_eq!(b.is_free(p as usize), list.contains(&p), "page {p}");
+        }
     }
 }

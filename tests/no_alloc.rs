@@ -1,7 +1,8 @@
-//! The hot path allocates nothing: begin/complete, quiesce, abort, finish — including the
-//! calls that perform a release — are run under a counting global allocator.
+//! The hot path allocates nothing: begin/complete (guards and tokens), quiesce, abort,
+//! finish, failing a transfer, the release push and the queue drain — including the calls
+//! that perform a release — are run under a counting global allocator.
 
-use kvfence::{Config, Quiesced, RankSet, RoomTable};
+use kvfence::{Config, Error, Outcome, Quiesced, RoomTable};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -48,22 +49,25 @@ fn allocations<R>(f: impl FnOnce() -> R) -> (usize, R) {
 
 #[test]
 fn hot_path_calls_do_not_allocate() {
-    let table = RoomTable::new(Config::new(16, 1024, 64)).unwrap();
-    let writers = RankSet::first(64).unwrap();
+    let table = RoomTable::new(Config::pool(16, 1024)).unwrap();
+    let writers: Vec<u32> = (0..64).collect();
     // Warm up thread-locals (scan hints, stats stripe) outside the measured region.
-    let warm = table.open(16, &writers).unwrap().handle;
-    drop(table.begin_transfer(warm).unwrap());
+    let warm = table.open(&writers, 16).unwrap().handle;
+    let _ = table.begin_transfer(warm).unwrap().complete();
     let _ = table.abort(warm).unwrap();
-    for rank in 0..64 {
+    for &rank in &writers {
         let _ = table.quiesce(warm, rank).unwrap();
     }
 
     for round in 0..50 {
-        let h = table.open(16, &writers).unwrap().handle; // open may allocate: not measured
-        let (n, ()) = allocations(|| {
+        let h = table.open(&writers, 16).unwrap().handle; // open may allocate: not measured
+        let (n, released) = allocations(|| {
             let a = table.begin_transfer(h).unwrap();
-            let b = table.begin_transfer(h).unwrap();
+            let b = table.begin_transfer_to(h, 3).unwrap();
+            let token = table.begin(h, Some(5)).unwrap();
             assert_eq!(a.complete(), None);
+            assert_eq!(table.end(token, Outcome::Completed).unwrap(), None);
+            assert_eq!(table.end(token, Outcome::Completed), Err(Error::InvalidToken));
             for rank in 0..32 {
                 assert_eq!(table.quiesce(h, rank).unwrap(), Quiesced::Recorded);
             }
@@ -76,19 +80,21 @@ fn hot_path_calls_do_not_allocate() {
                 assert_eq!(table.finish(h).unwrap(), None);
             }
             assert!(table.begin_transfer(h).is_err());
-            for rank in 32..63 {
+            for rank in 32..64 {
                 assert_eq!(table.quiesce(h, rank).unwrap(), Quiesced::Recorded);
             }
-            assert_eq!(table.quiesce(h, 63).unwrap(), Quiesced::Recorded);
-            // The release happens in `complete`, and allocates nothing.
-            assert!(b.complete().is_some());
+            // The release happens in `complete`, and allocates nothing (the page list is
+            // moved out of the room, not copied).
+            let released = b.complete().expect("last hold releases");
             assert!(table.quiesce(h, 1).is_err()); // late ACK
+            released
         });
         assert_eq!(n, 0, "round {round}: the hot path allocated {n} times");
+        assert_eq!(released.pages.len(), 16);
     }
 
     // And a release straight from abort / quiesce.
-    let h = table.open(4, &RankSet::first(1).unwrap()).unwrap().handle;
+    let h = table.open(&[0], 4).unwrap().handle;
     let (n, ()) = allocations(|| {
         let _ = table.abort(h).unwrap();
         assert!(matches!(
@@ -97,6 +103,43 @@ fn hot_path_calls_do_not_allocate() {
         ));
     });
     assert_eq!(n, 0);
+}
+
+/// Gate mode with the release queue: the release push (on the ACK thread) and the drain
+/// (on the owner thread, into a `Vec` with capacity) allocate nothing; a failed transfer
+/// (registered until its peer is fenced) allocates nothing either while the registry's
+/// reserved capacity (one per room) lasts.
+#[test]
+fn gate_mode_queue_push_drain_and_failures_do_not_allocate() {
+    let table = RoomTable::new(Config::gate(16).release_queue(true)).unwrap();
+    let mut drained = Vec::with_capacity(16);
+    let warm = table.open_gate(&[1], 0, vec![1]).unwrap();
+    let _ = table.abort(warm).unwrap();
+    let _ = table.quiesce(warm, 1).unwrap();
+    table.drain_released(&mut drained);
+    drained.clear();
+    for round in 0..50u64 {
+        let pages: Vec<u32> = (0..16).collect(); // the engine's list: not measured
+        let h = table.open_gate(&[1, 2, 3], round, pages).unwrap();
+        let (n, ()) = allocations(|| {
+            let failed = table.begin_transfer_to(h, 2).unwrap();
+            assert_eq!(failed.fail(), None);
+            let _ = table.abort(h).unwrap();
+            for rank in [1, 2, 3] {
+                assert_eq!(table.quiesce(h, rank).unwrap(), Quiesced::Recorded);
+            }
+            assert_eq!(table.room_status(h).unwrap().failed, 1);
+            assert_eq!(table.drain_released(&mut drained), 0);
+        });
+        assert_eq!(n, 0, "round {round}: allocated {n} times");
+        // The failed transfer's peer is torn down: fencing it (not a hot-path call) ends it.
+        let _ = table.fence_rank(2).unwrap();
+        assert!(table.readmit_rank(2).unwrap());
+        let (n, got) = allocations(|| table.drain_released(&mut drained));
+        assert_eq!((n, got), (0, 1), "round {round}");
+        assert_eq!(drained[0].token, round);
+        drained.clear();
+    }
 }
 
 /// The counter is live: an allocation in the measured region is seen (so the zero above
