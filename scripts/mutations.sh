@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
-# Test-only protocol mutations that real-thread tests (not loom) must catch.
+# Test-only protocol mutations that the real-thread stress tests must catch.
 #
 #   scripts/mutations.sh
 #
-# --cfg kvfence_unserialized_readmit restores the pre-fix readmit_rank (it no longer waits
-# for a running fence_rank scan). Loom cannot see that race (its model passes under the
-# mutation: one "last access" per atomic hides the scan's load of the room word), so
-# tests/scanner_races.rs must FAIL on this build. Exit 1 if it passes.
-# (The loom-caught mutations are checked by loom-tests/run.sh and scripts/fuzz-smoke.sh.)
+# Each mutation is a `--cfg` of the library that restores a broken rule; the named test of
+# tests/scanner_races.rs must FAIL on that build (exit 1 if it passes):
+#   kvfence_unserialized_readmit  readmit_rank no longer waits for a running fence scan.
+#                                 Loom cannot see it (its model passes under the mutation:
+#                                 one "last access" per atomic hides the scan's load).
+#   kvfence_racy_queue_pop        the release queue pops with a load + store, not one RMW:
+#                                 two drainers can deliver one release twice.
+# (The mutations the loom models and the property test catch are checked by
+# loom-tests/run.sh and scripts/fuzz-smoke.sh --mutations.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-target="${CARGO_TARGET_DIR:-target}/mutant-readmit"
-log=$(mktemp)
-echo "== mutation check: --cfg kvfence_unserialized_readmit must make tests/scanner_races.rs fail"
-CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg kvfence_unserialized_readmit" \
-    cargo test --release --test scanner_races -- fence_then_readmit >"$log" 2>&1
-rc=$?
-if grep -q "released at once" "$log"; then
-    grep -m1 "released at once" "$log" | sed 's/^/   caught: /'
-    echo "ok: the mutation is caught"
+status=0
+check() {
+    local cfg="$1" filter="$2" pattern="$3"
+    local target="${CARGO_TARGET_DIR:-target}/mutant-$cfg" log
+    log=$(mktemp)
+    echo "== mutation check: --cfg $cfg must make tests/scanner_races.rs ($filter) fail"
+    CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
+        cargo test --release --test scanner_races -- "$filter" >"$log" 2>&1
+    local rc=$?
+    if grep -q "$pattern" "$log"; then
+        grep -m1 "$pattern" "$log" | sed 's/^/   caught: /'
+    else
+        tail -n 30 "$log"
+        echo "FAIL: --cfg $cfg: the mutated build passed or failed for another reason (rc=$rc)"
+        status=1
+    fi
     rm -f "$log"
-    exit 0
-fi
-tail -n 30 "$log"
-echo "FAIL: the mutated build passed or failed for another reason (rc=$rc)"
-exit 1
+}
+
+check kvfence_unserialized_readmit fence_then_readmit "released at once"
+check kvfence_racy_queue_pop queue_drainers "lost or delivered twice"
+
+[ "$status" -eq 0 ] && echo "ok: every mutation is caught"
+exit "$status"

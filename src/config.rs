@@ -39,7 +39,7 @@ pub struct Config {
     /// How many ranks can be fenced at once (`1..=65536`; default 256).
     pub max_fenced: usize,
     /// Transfers begun with [`RoomTable::begin`] (token form) in flight at once
-    /// (`1..=2^24`; default 4 per room).
+    /// (`1..=2^24`; default 4 per room, at most 2^24).
     pub max_tokens: usize,
 }
 
@@ -51,7 +51,11 @@ impl Config {
             pages: None,
             release_queue: false,
             max_fenced: 256,
-            max_tokens: rooms.saturating_mul(4),
+            max_tokens: if rooms.saturating_mul(4) > MAX_ROOMS {
+                MAX_ROOMS
+            } else {
+                rooms * 4
+            },
         }
     }
 

@@ -2,10 +2,9 @@
 //! `Error::OutOfMemory`, not a process abort.
 //!
 //! The test re-runs this binary as a child under `ulimit -v` (1 GiB of address space) and
-//! asks it for the largest table the limits allow (2^24 rooms, 2^31 pages, 256 ranks: about
-//! 4.3 GiB). On the old library the child died with "memory allocation failed".
+//! asks it for the largest table the limits allow (2^24 rooms, 2^31 pages: about 8.6 GiB). On the old library the child died with "memory allocation failed".
 
-use kvfence::{Config, Error, RoomTable, MAX_RANKS, MAX_ROOMS};
+use kvfence::{Config, Error, RoomTable, MAX_PAGES, MAX_ROOMS};
 use std::process::Command;
 
 #[test]
@@ -13,7 +12,7 @@ fn child_asks_for_a_huge_table() {
     if std::env::var_os("KVFENCE_OOM_CHILD").is_none() {
         return;
     }
-    match RoomTable::new(Config::new(MAX_ROOMS, 1 << 31, MAX_RANKS)) {
+    match RoomTable::new(Config::pool(MAX_ROOMS, MAX_PAGES)) {
         Err(Error::OutOfMemory { bytes }) => println!("refused: OutOfMemory {{ bytes: {bytes} }}"),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => println!("allocated (the limit was not low enough)"),
@@ -48,7 +47,7 @@ fn a_table_too_big_for_memory_is_an_error_not_an_abort() {
 
 #[test]
 fn small_tables_still_build_and_errors_read_well() {
-    assert!(RoomTable::new(Config::new(4, 4, 1)).is_ok());
+    assert!(RoomTable::new(Config::pool(4, 4)).is_ok());
     let e = Error::OutOfMemory { bytes: 1 << 32 };
     assert!(e.to_string().contains("4294967296 bytes"), "{e}");
 }

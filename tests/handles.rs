@@ -7,7 +7,7 @@
 //! binary re-run as a child); zero and 10^6 random values are tried. Target: 0 accepted.
 //! Each count is printed (`-- --nocapture`).
 
-use kvfence::{Config, Error, Quiesced, RankSet, RoomHandle, RoomTable};
+use kvfence::{Config, Error, Quiesced, RoomHandle, RoomTable};
 use std::process::Command;
 
 const ROOMS: usize = if cfg!(miri) { 64 } else { 4096 };
@@ -27,14 +27,12 @@ impl Rng {
     }
 }
 
-fn writers() -> RankSet {
-    RankSet::first(2).unwrap()
-}
+const WRITERS: [u32; 2] = [0, 1];
 
 /// Opens every room of `t` (each waiting on ranks 0 and 1).
 fn fill(t: &RoomTable) -> Vec<RoomHandle> {
     (0..ROOMS)
-        .map(|_| t.open(1, &writers()).unwrap().handle)
+        .map(|_| t.open(&WRITERS, 1).unwrap().handle)
         .collect()
 }
 
@@ -49,7 +47,7 @@ fn accepted(t: &RoomTable, wire: u128) -> bool {
 
 #[test]
 fn every_one_bit_corruption_of_a_live_handle_is_refused() {
-    let t = RoomTable::new(Config::new(ROOMS, ROOMS, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, ROOMS)).unwrap();
     let rounds = if cfg!(miri) {
         0
     } else {
@@ -71,8 +69,8 @@ fn every_one_bit_corruption_of_a_live_handle_is_refused() {
         for h in live {
             let aborted = t.abort(h).unwrap();
             assert_eq!(
-                aborted.fanout,
-                writers(),
+                &aborted.fanout[..],
+                &WRITERS,
                 "a corrupted ACK was recorded in {h:?}"
             );
             let _ = t.quiesce(h, 0).unwrap();
@@ -85,7 +83,7 @@ fn every_one_bit_corruption_of_a_live_handle_is_refused() {
 
 #[test]
 fn zero_and_random_values_are_refused() {
-    let t = RoomTable::new(Config::new(ROOMS, ROOMS, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, ROOMS)).unwrap();
     let _live = fill(&t);
     assert!(
         !accepted(&t, 0),
@@ -104,8 +102,8 @@ fn zero_and_random_values_are_refused() {
 
 #[test]
 fn handles_routed_to_another_table_are_refused() {
-    let a = RoomTable::new(Config::new(ROOMS, ROOMS, 2)).unwrap();
-    let b = RoomTable::new(Config::new(ROOMS, ROOMS, 2)).unwrap();
+    let a = RoomTable::new(Config::pool(ROOMS, ROOMS)).unwrap();
+    let b = RoomTable::new(Config::pool(ROOMS, ROOMS)).unwrap();
     let (from_a, _from_b) = (fill(&a), fill(&b));
     let taken = from_a.iter().filter(|h| accepted(&b, h.to_wire())).count();
     println!(
@@ -126,7 +124,7 @@ fn child_prints_its_handles() {
     if std::env::var_os("KVFENCE_HANDLE_CHILD").is_none() {
         return;
     }
-    let t = RoomTable::new(Config::new(ROOMS, ROOMS, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, ROOMS)).unwrap();
     for h in fill(&t) {
         println!("wire {:032x}", h.to_wire());
     }
@@ -139,7 +137,7 @@ fn handles_of_another_process_are_refused() {
     }
     // This process's *first* table is the one that matters: a per-process counter gave the
     // first table of every process the same tag before the fix.
-    let t = RoomTable::new(Config::new(ROOMS, ROOMS, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, ROOMS)).unwrap();
     let _mine = fill(&t);
     let out = Command::new(std::env::current_exe().unwrap())
         .args([

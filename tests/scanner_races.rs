@@ -9,15 +9,16 @@
 //! counter). Each test prints its count (`cargo test --test scanner_races -- --nocapture`)
 //! and fails if the window was never hit, so a run that raced nothing cannot pass silently.
 //!
-//! They use only API that also existed before the fixes of issue 9, so the same file can be
-//! run against the old library to show it fails there (see the README of this repository).
+//! They were first written against the API before issue 10 (with `Config::new` and
+//! `RankSet`), and that version failed on the library before issue 9's fixes (see the
+//! README); this is the same file ported to the current API.
 //! `KVFENCE_STRESS_SCALE` (default 1) multiplies the iteration counts.
 
 // Real threads by the thousand: far too slow under Miri's interpreter. These races run under
 // ThreadSanitizer instead (scripts/tsan.sh).
 #![cfg(not(miri))]
 
-use kvfence::{Config, Error, Phase, Quiesced, RankSet, RoomHandle, RoomTable};
+use kvfence::{Config, Error, Phase, Quiesced, RoomHandle, RoomTable};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -56,10 +57,6 @@ fn report(test: &str, hits: usize, runs: usize) {
     );
 }
 
-fn ranks(list: &[u32]) -> RankSet {
-    RankSet::from_ranks(list.iter().copied()).unwrap()
-}
-
 /// Finding 1 of issue 9: a room opened after `readmit_rank(r)` returned, while an earlier
 /// `fence_rank(r)` scan was still running, must not be reached by that scan (its writes come
 /// from r's new transport: only r's own ACK may release it).
@@ -70,11 +67,11 @@ fn ranks(list: &[u32]) -> RankSet {
 #[test]
 fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
     const ROOMS: usize = 1 << 16;
-    let t = RoomTable::new(Config::new(ROOMS, ROOMS + 8, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, ROOMS + 8)).unwrap();
     // Every room but the last is owned (writer: rank 1, never fenced).
     let mut held = Vec::new();
     for _ in 0..ROOMS {
-        held.push(t.open(1, &ranks(&[])).unwrap().handle);
+        held.push(t.open(&[], 1).unwrap().handle);
     }
     let last = *held.iter().max_by_key(|h| h.index()).unwrap();
     assert_eq!(last.index(), ROOMS - 1);
@@ -101,7 +98,7 @@ fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
             };
             // A new request, for rank 0's new transport: the only free index is the last.
             let room = loop {
-                match t.open(1, &ranks(&[0])) {
+                match t.open(&[0], 1) {
                     Ok(room) => break room,
                     // Only possible if the readmit lost a race with a later fence: none here.
                     Err(e) => panic!("run {run}: open after readmit: {e}"),
@@ -132,10 +129,10 @@ fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
 /// waiting on a rank that can no longer answer.
 #[test]
 fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
-    let t = RoomTable::new(Config::new(4096, 4200, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(4096, 4200)).unwrap();
     // Owned rooms so the scan takes a while around the new one.
     let _background: Vec<_> = (0..4000)
-        .map(|_| t.open(1, &ranks(&[1])).unwrap())
+        .map(|_| t.open(&[1], 1).unwrap())
         .collect();
     let runs = 3000 * scale();
     let mut hits = 0;
@@ -147,7 +144,7 @@ fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
                 timed(|| t.fence_rank(0).unwrap())
             });
             start.wait();
-            let opened = timed(|| t.open(1, &ranks(&[0])));
+            let opened = timed(|| t.open(&[0], 1));
             (opened, fencer.join().unwrap())
         });
         hits += usize::from(overlap(o, f));
@@ -165,7 +162,7 @@ fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
         }
         assert!(t.readmit_rank(0).unwrap());
     }
-    assert!(t.take_orphaned().is_empty());
+    assert_eq!(t.queued_releases(), 0, "a rolled-back open was reported");
     report("fence_vs_open", hits, runs);
 }
 
@@ -174,11 +171,11 @@ fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
 #[test]
 fn wait_released_vs_release_never_loses_a_wake_up() {
     const PAGES: usize = 16;
-    let t = RoomTable::new(Config::new(4, PAGES, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(4, PAGES)).unwrap();
     let runs = 3000 * scale();
     let mut hits = 0;
     for run in 0..runs {
-        let room = t.open(PAGES, &ranks(&[0])).unwrap();
+        let room = t.open(&[0], PAGES).unwrap();
         let _ = t.abort(room.handle).unwrap();
         let start = Barrier::new(2);
         let (w, a) = std::thread::scope(|s| {
@@ -192,7 +189,7 @@ fn wait_released_vs_release_never_loses_a_wake_up() {
                 start.wait();
                 let ((), span) = timed(|| t.wait_released(room.handle).unwrap());
                 // The whole pool is free again: `open` of every page succeeds at once.
-                let next = t.open(PAGES, &ranks(&[])).unwrap_or_else(|e| {
+                let next = t.open(&[], PAGES).unwrap_or_else(|e| {
                     panic!("run {run}: pages not back after wait_released: {e}")
                 });
                 let _ = t.abort(next.handle).unwrap();
@@ -210,12 +207,12 @@ fn wait_released_vs_release_never_loses_a_wake_up() {
 #[test]
 fn wait_idle_vs_releases_never_returns_early_or_hangs() {
     const ROOMS: usize = 8;
-    let t = RoomTable::new(Config::new(ROOMS, ROOMS * 4, 4)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, ROOMS * 4)).unwrap();
     let runs = 1000 * scale();
     let mut hits = 0;
     for run in 0..runs {
         let rooms: Vec<RoomHandle> = (0..ROOMS)
-            .map(|_| t.open(4, &ranks(&[0, 1])).unwrap().handle)
+            .map(|_| t.open(&[0, 1], 4).unwrap().handle)
             .collect();
         for &h in &rooms {
             let _ = t.abort(h).unwrap();
@@ -260,7 +257,7 @@ fn wait_idle_vs_releases_never_returns_early_or_hangs() {
 fn stats_vs_lifecycles_reports_each_room_consistently() {
     const ROOMS: usize = 4;
     const THREADS: usize = 2;
-    let t = RoomTable::new(Config::new(ROOMS, 64, 2)).unwrap();
+    let t = RoomTable::new(Config::pool(ROOMS, 64)).unwrap();
     // handle -> (pages, when its abort began); filled before the room can be closing.
     let lifecycles: Mutex<HashMap<RoomHandle, (usize, Option<Instant>)>> =
         Mutex::new(HashMap::new());
@@ -277,7 +274,7 @@ fn stats_vs_lifecycles_reports_each_room_consistently() {
                     for i in 0..per_thread {
                         // A page count that differs between consecutive lifecycles.
                         let pages = 1 + (i * THREADS + id) % 7;
-                        let room = match t.open(pages, &ranks(&[0])) {
+                        let room = match t.open(&[0], pages) {
                             Ok(room) => room,
                             Err(Error::RoomTableFull | Error::PoolExhausted { .. }) => continue,
                             Err(e) => panic!("{e}"),
@@ -326,4 +323,117 @@ fn stats_vs_lifecycles_reports_each_room_consistently() {
         }
     });
     report("stats_vs_lifecycles", hits, snapshots);
+}
+
+/// The release queue's drainers (scanners of its bitmap) racing the threads that push
+/// releases into it: every release is delivered exactly once, none is lost.
+#[test]
+fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
+    const ROOMS: usize = 64;
+    let t = RoomTable::new(Config::gate(ROOMS).release_queue(true)).unwrap();
+    let runs = 200 * scale();
+    let mut hits = 0;
+    for run in 0..runs {
+        let rooms: Vec<RoomHandle> = (0..ROOMS as u64)
+            .map(|token| t.open_gate(&[0, 1], token, vec![token as u32]).unwrap())
+            .collect();
+        for &h in &rooms {
+            let _ = t.abort(h).unwrap();
+            let _ = t.quiesce(h, 0).unwrap();
+        }
+        let start = Barrier::new(4);
+        let done = AtomicBool::new(false);
+        let (pushes, drained) = std::thread::scope(|s| {
+            let pushers: Vec<_> = [0usize, 1]
+                .into_iter()
+                .map(|half| {
+                    let (t, rooms, start) = (&t, &rooms, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        timed(|| {
+                            for h in rooms.iter().skip(half).step_by(2) {
+                                assert_eq!(t.quiesce(*h, 1).unwrap(), Quiesced::Queued);
+                            }
+                        })
+                        .1
+                    })
+                })
+                .collect();
+            let drainers: Vec<_> = (0..2)
+                .map(|_| {
+                    let (t, start, done) = (&t, &start, &done);
+                    s.spawn(move || {
+                        start.wait();
+                        let mut got = Vec::new();
+                        let ((), span) = timed(|| loop {
+                            let finished = done.load(Ordering::SeqCst);
+                            t.drain_released(&mut got);
+                            if finished {
+                                break;
+                            }
+                        });
+                        (got, span)
+                    })
+                })
+                .collect();
+            let pushes: Vec<_> = pushers.into_iter().map(|p| p.join().unwrap()).collect();
+            done.store(true, Ordering::SeqCst);
+            let drained: Vec<_> = drainers.into_iter().map(|d| d.join().unwrap()).collect();
+            (pushes, drained)
+        });
+        hits += usize::from(
+            drained
+                .iter()
+                .any(|(_, d)| pushes.iter().any(|&p| overlap(*d, p)) && !drained[0].0.is_empty()),
+        );
+        let mut tokens: Vec<u64> = drained
+            .iter()
+            .flat_map(|(got, _)| got.iter().map(|r| r.token))
+            .collect();
+        tokens.sort_unstable();
+        assert_eq!(
+            tokens,
+            (0..ROOMS as u64).collect::<Vec<_>>(),
+            "run {run}: a release was lost or delivered twice"
+        );
+        assert_eq!(t.stats().rooms.free, ROOMS);
+    }
+    report("queue_drainers_vs_pushes", hits, runs);
+}
+
+/// `fence_rank(peer)` (which sweeps the failed-transfer registry) racing a transfer to that
+/// peer ending as failed: the failure is never registered after the sweep that should have
+/// ended it, so the room is always released once its writers ACKed.
+#[test]
+fn fence_vs_failed_transfer_never_strands_a_room() {
+    let t = RoomTable::new(Config::gate(4096)).unwrap();
+    // Owned rooms so the fence's scan takes a while before it sweeps the registry.
+    let _background: Vec<_> = (0..4000)
+        .map(|i| t.open_gate(&[1], i, vec![]).unwrap())
+        .collect();
+    let runs = 2000 * scale();
+    let mut hits = 0;
+    for run in 0..runs {
+        let h = t.open_gate(&[], 7, vec![1, 2]).unwrap();
+        let transfer = t.begin_transfer_to(h, 0).unwrap();
+        let _ = t.abort(h).unwrap();
+        let start = Barrier::new(2);
+        let ((failed, fa), (fenced, fe)) = std::thread::scope(|s| {
+            let fencer = s.spawn(|| {
+                start.wait();
+                timed(|| t.fence_rank(0).unwrap())
+            });
+            start.wait();
+            let failed = timed(|| transfer.fail());
+            (failed, fencer.join().unwrap())
+        });
+        hits += usize::from(overlap(fa, fe));
+        let released = usize::from(failed.is_some()) + fenced.released.len();
+        assert_eq!(
+            released, 1,
+            "run {run}: the room of a failed transfer to a fenced peer was released {released} times"
+        );
+        assert!(t.readmit_rank(0).unwrap());
+    }
+    report("fence_vs_failed_transfer", hits, runs);
 }
