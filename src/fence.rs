@@ -56,8 +56,11 @@ pub struct Fenced {
     /// Failed transfers to the rank that were holding their rooms and are now ended.
     pub failed_ended: usize,
     /// Rooms that this fence released (they waited on nothing else), when releases are
-    /// returned directly (with a release queue they are queued).
+    /// returned directly.
     pub released: Vec<Released>,
+    /// Rooms that this fence released into the release queue (a table made with
+    /// [`Config::release_queue`](crate::Config::release_queue)).
+    pub queued: usize,
 }
 
 /// The fenced ranks (see the module docs).
@@ -180,7 +183,11 @@ impl RoomTable {
                 continue;
             };
             match self.clear_position(index, state.gen(), pos) {
-                Ok(Quiesced::Recorded | Quiesced::Queued) => out.quiesced += 1,
+                Ok(Quiesced::Recorded) => out.quiesced += 1,
+                Ok(Quiesced::Queued) => {
+                    out.quiesced += 1;
+                    out.queued += 1;
+                }
                 Ok(Quiesced::Released(released)) => {
                     out.quiesced += 1;
                     out.released.push(released);
@@ -191,8 +198,13 @@ impl RoomTable {
         }
         for failed in self.take_failed(|f| f.peer == Some(rank)) {
             out.failed_ended += 1;
-            if let Some(released) = self.drop_hold(failed.index as usize, failed.gen) {
-                out.released.push(released);
+            let word = &self.slots[failed.index as usize].0.word;
+            if let Ok(crate::room_word::Step::Released(phase)) = word.drop_hold(failed.gen) {
+                match self.release(failed.index as usize, failed.gen, phase) {
+                    Some(released) => out.released.push(released),
+                    // A failed transfer's room was handed out: never rolled back.
+                    None => out.queued += 1,
+                }
             }
         }
         Ok(out)
