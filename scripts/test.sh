@@ -2,8 +2,10 @@
 # All tests: the README's test command and what CI runs (.ci/run calls exactly this).
 #
 #   fmt check, clippy (-D warnings), rustdoc (warnings denied), unit + integration +
-#   property + doc tests, the loom model suite and its mutation checks, the simulator's
-#   checks, and (when a nightly toolchain is present) a short fuzz smoke, Miri and TSan.
+#   property + doc tests, the real-thread mutation checks, the loom model suite and its
+#   mutation checks, the simulator's checks, the Python package (built with maturin,
+#   installed in a venv, tested with pytest), and (when a nightly toolchain is present) a
+#   short fuzz smoke, Miri and TSan.
 #
 # Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri, TSan).
 set -euo pipefail
@@ -32,6 +34,9 @@ bash loom-tests/run.sh
 
 step "simulator checks"
 bash sim/ci.sh
+
+step "Python package: build with maturin, install, pytest"
+bash scripts/python.sh
 
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"

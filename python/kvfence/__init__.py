@@ -1,0 +1,75 @@
+"""kvfence: decides when a KV-cache page may be reused in disaggregated prefill/decode
+LLM serving, so that a stale write can never land in another request's KV cache.
+
+A thin binding over the Rust core (``kvfence`` crate): an aborted request's pages are
+released only once every writer rank has acknowledged (``quiesce``) or been fenced, and
+every transfer on them has ended; every release is delivered exactly once, through
+``RoomTable.drain_released()``. Time never releases a page.
+
+Every method is safe to call from any Python thread; calls that block (the waits,
+``fence_rank``, ``readmit_rank``, ``stats``) release the GIL while they do.
+"""
+
+from __future__ import annotations
+
+from ._errors import (
+    AlreadyAborted,
+    AlreadyFinished,
+    DuplicateWriter,
+    Error,
+    InvalidConfig,
+    InvalidHandle,
+    InvalidRank,
+    InvalidToken,
+    OutOfMemory,
+    PoolExhausted,
+    RankFenced,
+    RankNotInRoom,
+    RoomClosed,
+    StaleHandle,
+    TableFull,
+    TooManyFenced,
+    TooManyPages,
+    TooManyTransfers,
+    TooManyWriters,
+    WrongMode,
+)
+from ._kvfence import (
+    MAX_PAGES,
+    MAX_ROOMS,
+    MAX_WRITERS,
+    Released,
+    RoomTable,
+    Transfer,
+    __version__,
+)
+
+__all__ = [
+    "RoomTable",
+    "Transfer",
+    "Released",
+    "MAX_WRITERS",
+    "MAX_ROOMS",
+    "MAX_PAGES",
+    "__version__",
+    "Error",
+    "InvalidConfig",
+    "InvalidHandle",
+    "StaleHandle",
+    "RoomClosed",
+    "AlreadyAborted",
+    "AlreadyFinished",
+    "InvalidRank",
+    "TooManyWriters",
+    "DuplicateWriter",
+    "RankNotInRoom",
+    "RankFenced",
+    "TooManyFenced",
+    "WrongMode",
+    "TooManyPages",
+    "InvalidToken",
+    "TooManyTransfers",
+    "TableFull",
+    "PoolExhausted",
+    "OutOfMemory",
+]

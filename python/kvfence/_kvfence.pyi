@@ -1,0 +1,131 @@
+"""Type stubs of the native module ``kvfence._kvfence`` (import :mod:`kvfence`)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Dict, Iterable, List, Literal, Optional, Type, Union
+
+__version__: str
+MAX_WRITERS: int
+MAX_ROOMS: int
+MAX_PAGES: int
+
+PhaseName = Literal["owned", "aborting", "draining", "free"]
+ReasonName = Literal["finished", "aborted", "quarantined"]
+QuiesceResult = Literal["recorded", "duplicate", "released", "stale"]
+
+class Released:
+    """A room's release, delivered exactly once by ``RoomTable.drain_released()``."""
+
+    @property
+    def handle(self) -> int:
+        """The handle of the lifecycle that ended (stale from now on)."""
+    @property
+    def token(self) -> int:
+        """The ``token`` given to ``open`` (gate mode; 0 in pool mode)."""
+    @property
+    def pages(self) -> List[int]:
+        """The room's page ids (a new list on each access)."""
+    @property
+    def reason(self) -> ReasonName:
+        """``"finished"``, ``"aborted"`` or ``"quarantined"`` (never free those pages)."""
+
+class Transfer:
+    """A transfer in flight: the room keeps its pages until it ends (exactly once)."""
+
+    @property
+    def token(self) -> int:
+        """The transfer's token (its 16-byte wire form, an int)."""
+    @property
+    def handle(self) -> int:
+        """The room's handle."""
+    @property
+    def peer(self) -> Optional[int]:
+        """The peer rank given to ``begin_transfer``."""
+    @property
+    def ended(self) -> bool:
+        """Whether ``complete()`` or ``fail()`` ended it."""
+    def complete(self) -> None:
+        """Every byte landed: drop the hold. Raises ``InvalidToken`` if already ended."""
+    def fail(self) -> None:
+        """Outcome unknown: the room stays held until ``peer`` is fenced or the room is
+        quarantined. Raises ``InvalidToken`` if already ended."""
+    def __enter__(self) -> Transfer: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc_value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> bool:
+        """Completes on a normal exit, fails on an exception (which propagates)."""
+
+class RoomTable:
+    """The kvfence room table (see the module docs and ``help(RoomTable)``)."""
+
+    def __init__(
+        self,
+        rooms: int,
+        pages: Optional[int] = None,
+        *,
+        release_queue: bool = True,
+        max_fenced: int = 256,
+        max_tokens: Optional[int] = None,
+    ) -> None:
+        """``pages=None``: gate mode (the engine owns its pages); ``pages=N``: kvfence
+        owns a pool of ``N`` pages."""
+    @property
+    def rooms(self) -> int: ...
+    @property
+    def pages(self) -> Optional[int]: ...
+    @property
+    def is_gate(self) -> bool: ...
+    @property
+    def release_queue(self) -> bool: ...
+    @property
+    def max_fenced(self) -> int: ...
+    @property
+    def max_tokens(self) -> int: ...
+    def open(
+        self,
+        writers: Iterable[int],
+        pages: Union[Iterable[int], int, None] = None,
+        token: int = 0,
+    ) -> int:
+        """Opens a room; returns its handle. Gate mode: ``pages`` is the engine's page
+        ids; pool mode: a count."""
+    def pages_of(self, h: int) -> List[int]:
+        """The page ids of an owned room."""
+    def grow(self, h: int, pages: Union[Iterable[int], int]) -> Optional[List[int]]:
+        """Pool mode: adds ``pages`` (a count) and returns the new ids. Gate mode: adds
+        the engine's page ids and returns ``None``."""
+    def begin_transfer(self, h: int, peer: Optional[int] = None) -> Transfer:
+        """Begins a transfer on the room's pages (refused once it is closing)."""
+    def abort(self, h: int) -> List[int]:
+        """Aborts the request; returns the ranks still to be told (``[]`` if already
+        aborting)."""
+    def finish(self, h: int) -> None:
+        """Finishes the request normally."""
+    def quiesce(self, h: int, rank: int) -> QuiesceResult:
+        """Records ``rank``'s ACK."""
+    def fence_rank(self, rank: int) -> int:
+        """Gives up on ``rank`` (transport torn down); returns rooms it released."""
+    def readmit_rank(self, rank: int) -> bool:
+        """Re-admits a fenced rank; returns whether it was fenced."""
+    def quarantine(self, h: int) -> None:
+        """Ends a room that can never be proven drained; its pages are never reused."""
+    def drain_released(self) -> List[Released]:
+        """Every undelivered release, each exactly once."""
+    def pop_released(self) -> Optional[Released]:
+        """One undelivered release, or ``None``."""
+    def queued_releases(self) -> int:
+        """How many releases wait for ``drain_released()``."""
+    def phase(self, h: int) -> PhaseName:
+        """The phase of the handle's lifecycle (``"free"`` once released)."""
+    def room_status(self, h: int) -> Dict[str, Any]:
+        """A live room's status."""
+    def wait_released(self, h: int, timeout: Optional[float] = None) -> bool:
+        """Blocks (GIL released) until the lifecycle is released, or ``timeout``."""
+    def wait_idle(self, timeout: Optional[float] = None) -> bool:
+        """Blocks (GIL released) until no room is owned or closing, or ``timeout``."""
+    def stats(self) -> Dict[str, Any]:
+        """A snapshot of occupancy, closing rooms and event counts."""

@@ -1,0 +1,905 @@
+//! Python bindings of kvfence: the native module `kvfence._kvfence`.
+//!
+//! A thin layer over the Rust core: every method converts its arguments, calls one
+//! [`RoomTable`] method and converts the result. It adds no protocol logic; the only state
+//! it keeps besides the table is the list of releases that a call returned directly (with
+//! `release_queue=False`), so that every release reaches `drain_released()` exactly once.
+//!
+//! Threading: the classes are frozen and `Sync` (the table is lock-free), so every method
+//! may be called from any Python thread. Calls that can block or scan (the waits,
+//! `fence_rank`, `readmit_rank`, `stats`, construction) run detached from the interpreter
+//! (`py.detach`): other Python threads run meanwhile.
+
+use kvfence::{
+    Config, Error, Outcome, Phase, Quiesced, Reason, Released, RoomHandle, RoomStatus, RoomTable,
+    TransferToken,
+};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyInt, PyList, PyModule, PyString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------
+
+/// `kvfence._errors`, where the exception classes are defined (in Python, so that they can
+/// derive from both `kvfence.Error` and `ValueError`).
+static ERRORS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// An attribute set on a raised exception (`e.rank`, `e.phase`, `e.requested`).
+enum Attr {
+    None,
+    Int(&'static str, u64),
+    Str(&'static str, &'static str),
+}
+
+/// An instance of `kvfence.<class>(message)` with `attr` set, as a `PyErr`.
+fn raise(py: Python<'_>, class: &str, message: String, attr: Attr) -> PyErr {
+    let build = || -> PyResult<PyErr> {
+        let module =
+            ERRORS.get_or_try_init(py, || py.import("kvfence._errors").map(Bound::unbind))?;
+        let instance = module.bind(py).getattr(class)?.call1((message,))?;
+        match attr {
+            Attr::None => {}
+            Attr::Int(name, value) => instance.setattr(name, value)?,
+            Attr::Str(name, value) => instance.setattr(name, value)?,
+        }
+        Ok(PyErr::from_value(instance))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+/// The Python exception for a refusal of the core.
+fn to_py(py: Python<'_>, e: Error) -> PyErr {
+    let (class, attr) = match e {
+        Error::InvalidConfig { .. } => ("InvalidConfig", Attr::None),
+        Error::UnknownRoom { .. } | Error::InvalidHandle => ("InvalidHandle", Attr::None),
+        Error::StaleHandle => ("StaleHandle", Attr::None),
+        Error::RoomClosed { phase } => ("RoomClosed", Attr::Str("phase", phase_str(phase))),
+        Error::AlreadyAborted => ("AlreadyAborted", Attr::Str("phase", "aborting")),
+        Error::AlreadyFinished => ("AlreadyFinished", Attr::Str("phase", "draining")),
+        Error::InvalidRank { rank } => ("InvalidRank", Attr::Int("rank", rank.into())),
+        Error::TooManyWriters { .. } => ("TooManyWriters", Attr::None),
+        Error::DuplicateWriter { rank } => ("DuplicateWriter", Attr::Int("rank", rank.into())),
+        Error::RankNotInRoom { rank } => ("RankNotInRoom", Attr::Int("rank", rank.into())),
+        Error::RankFenced { rank } => ("RankFenced", Attr::Int("rank", rank.into())),
+        Error::TooManyFenced { .. } => ("TooManyFenced", Attr::None),
+        Error::WrongMode { .. } => ("WrongMode", Attr::None),
+        Error::TooManyPages { .. } | Error::TooManyPagesInRoom => ("TooManyPages", Attr::None),
+        Error::InvalidToken => ("InvalidToken", Attr::None),
+        Error::TooManyTokens | Error::TooManyTransfers => ("TooManyTransfers", Attr::None),
+        Error::RoomTableFull => ("TableFull", Attr::None),
+        Error::PoolExhausted { requested } => {
+            ("PoolExhausted", Attr::Int("requested", requested as u64))
+        }
+        Error::OutOfMemory { .. } => ("OutOfMemory", Attr::None),
+        // `NoPages` and variants added later: the base class.
+        _ => ("Error", Attr::None),
+    };
+    raise(py, class, e.to_string(), attr)
+}
+
+/// `Result<T, kvfence::Error>` to `PyResult<T>`.
+trait IntoPy<T> {
+    fn py(self, py: Python<'_>) -> PyResult<T>;
+}
+
+impl<T> IntoPy<T> for Result<T, Error> {
+    #[inline]
+    fn py(self, py: Python<'_>) -> PyResult<T> {
+        self.map_err(|e| to_py(py, e))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Argument conversion
+// ---------------------------------------------------------------------------------------
+
+/// A handle: any int; one outside `0..2**128` is `InvalidHandle` (a `ValueError`).
+#[inline]
+fn handle(h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
+    match h.extract::<u128>() {
+        Ok(wire) => Ok(RoomHandle::from_wire(wire)),
+        Err(e) if e.is_instance_of::<PyOverflowError>(h.py()) => Err(raise(
+            h.py(),
+            "InvalidHandle",
+            "a room handle is an int in 0..2**128 (as returned by open)".into(),
+            Attr::None,
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// A rank id: an int in `0..2**32` (`2**32 - 1` is refused by the core).
+#[inline]
+fn rank(r: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match r.extract::<u32>() {
+        Ok(rank) => Ok(rank),
+        Err(e) if e.is_instance_of::<PyOverflowError>(r.py()) => Err(raise(
+            r.py(),
+            "InvalidRank",
+            format!("{r} is not a rank id: ranks are ints in 0..=4294967294"),
+            Attr::None,
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writer ranks: any iterable of rank ids.
+fn ranks(writers: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let mut out = Vec::new();
+    for w in writers.try_iter()? {
+        out.push(rank(&w?)?);
+    }
+    Ok(out)
+}
+
+/// The engine's page ids: any iterable of ints in `0..2**32`.
+fn page_ids(pages: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if pages.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(
+            "gate mode: pages is a sequence of the engine's page ids (or None), not a count",
+        ));
+    }
+    let mut out = Vec::new();
+    for p in pages.try_iter()? {
+        let p = p?;
+        match p.extract::<u32>() {
+            Ok(id) => out.push(id),
+            Err(e) if e.is_instance_of::<PyOverflowError>(p.py()) => {
+                return Err(PyValueError::new_err(format!(
+                    "page id {p} is out of range: page ids are ints in 0..2**32"
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// A non-negative count (`what` names it in the error).
+fn count(n: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    if !n.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int, not {}",
+            n.get_type().name()?
+        )));
+    }
+    n.extract::<usize>().map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(n.py()) {
+            PyValueError::new_err(format!("{what} must be a non-negative int, got {n}"))
+        } else {
+            e
+        }
+    })
+}
+
+/// A timeout in seconds: `None` or infinity waits for ever; negative or NaN is refused.
+fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(
+            "timeout must be a non-negative number of seconds, or None",
+        )),
+        Some(s) => Ok(Duration::try_from_secs_f64(s).ok()),
+    }
+}
+
+/// The longest one detached wait runs before it comes back to check for signals
+/// (KeyboardInterrupt) and the deadline.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// Waits (detached from the interpreter) until `step(slice)` says done or the timeout runs
+/// out; checks for signals between slices.
+fn wait_loop<F>(py: Python<'_>, timeout: Option<Duration>, step: F) -> PyResult<bool>
+where
+    F: Fn(Duration) -> Result<bool, Error> + Sync,
+{
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    loop {
+        let slice = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(WAIT_SLICE),
+            None => WAIT_SLICE,
+        };
+        if py.detach(|| step(slice)).py(py)? {
+            return Ok(true);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+        py.check_signals()?;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn phase_str(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Free => "free",
+        Phase::Owned => "owned",
+        Phase::Aborting => "aborting",
+        Phase::Draining => "draining",
+    }
+}
+
+fn reason_str(reason: Reason) -> &'static str {
+    match reason {
+        Reason::Finished => "finished",
+        Reason::Aborted => "aborted",
+        Reason::Quarantined => "quarantined",
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Classes
+// ---------------------------------------------------------------------------------------
+
+/// The table and the releases calls returned directly (only with `release_queue=False`).
+struct Inner {
+    table: RoomTable,
+    direct: Mutex<Vec<Released>>,
+}
+
+impl Inner {
+    /// Keeps a release a call returned, for `drain_released()`.
+    #[inline]
+    fn keep(&self, released: Option<Released>) {
+        if let Some(r) = released {
+            lock(&self.direct).push(r);
+        }
+    }
+}
+
+/// A room's release: its lifecycle is over and nothing can write its pages any more
+/// (unless ``reason == "quarantined"``). Delivered exactly once, by ``drain_released()``.
+///
+/// Attributes: ``handle`` (int, now stale), ``token`` (int: the ``token`` given to
+/// ``open``; 0 in pool mode), ``pages`` (list of page ids) and ``reason``: ``"finished"``,
+/// ``"aborted"`` or ``"quarantined"``. Gate mode: free ``pages`` with the engine's own
+/// allocator now, unless quarantined: a quarantined room's pages must **never** be freed
+/// or reused. Pool mode: the pages are already back in the pool (quarantined ones never).
+#[pyclass(frozen, module = "kvfence._kvfence", name = "Released")]
+struct PyReleased {
+    /// The handle of the lifecycle that ended (stale from now on).
+    #[pyo3(get)]
+    handle: u128,
+    /// The token the room was opened with (gate mode; 0 in pool mode).
+    #[pyo3(get)]
+    token: u64,
+    /// The room's page ids (a new list on each access).
+    #[pyo3(get)]
+    pages: Vec<u32>,
+    /// ``"finished"``, ``"aborted"`` or ``"quarantined"`` (never free those pages).
+    #[pyo3(get)]
+    reason: &'static str,
+}
+
+impl From<Released> for PyReleased {
+    fn from(r: Released) -> PyReleased {
+        PyReleased {
+            handle: r.handle.to_wire(),
+            token: r.token,
+            pages: r.pages,
+            reason: reason_str(r.reason),
+        }
+    }
+}
+
+#[pymethods]
+impl PyReleased {
+    fn __repr__(&self) -> String {
+        format!(
+            "Released(handle={:#x}, token={}, pages={:?}, reason='{}')",
+            self.handle, self.token, self.pages, self.reason
+        )
+    }
+}
+
+/// One transfer in flight (``RoomTable.begin_transfer``): while it is not ended the room
+/// keeps its pages, whatever happens to the request.
+///
+/// End it exactly once: ``complete()`` (every byte landed) or ``fail()`` (the transfer
+/// engine reported an error or a timeout: bytes may still land, so the room stays held
+/// until ``peer`` is fenced or the room is quarantined). Ending it twice raises
+/// ``InvalidToken`` and changes nothing.
+///
+/// As a context manager, a normal exit completes it and an exception fails it (the
+/// exception propagates); nothing happens on exit if it was already ended. A transfer that
+/// is garbage-collected without being ended is failed, like a dropped Rust guard.
+#[pyclass(frozen, module = "kvfence._kvfence", name = "Transfer")]
+struct PyTransfer {
+    inner: Arc<Inner>,
+    /// The token's wire form.
+    #[pyo3(get)]
+    token: u128,
+    /// The room's handle.
+    #[pyo3(get)]
+    handle: u128,
+    /// The peer rank given to ``begin_transfer`` (or ``None``).
+    #[pyo3(get)]
+    peer: Option<u32>,
+    ended: AtomicBool,
+}
+
+impl PyTransfer {
+    fn end(&self, py: Python<'_>, outcome: Outcome) -> PyResult<()> {
+        let released = self
+            .inner
+            .table
+            .end(TransferToken::from_wire(self.token), outcome)
+            .py(py)?;
+        self.ended.store(true, Ordering::Relaxed);
+        self.inner.keep(released);
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl PyTransfer {
+    /// Ends the transfer as completed: every byte landed. Its hold on the room is dropped
+    /// (if it was the last of a closing room, the release goes to ``drain_released()``).
+    ///
+    /// Raises ``InvalidToken`` if the transfer was already ended.
+    fn complete(&self, py: Python<'_>) -> PyResult<()> {
+        self.end(py, Outcome::Completed)
+    }
+
+    /// Ends the transfer as failed: its outcome is unknown and bytes may still land, so the
+    /// room stays held until ``peer`` is fenced (``fence_rank``) or the room is quarantined
+    /// (``quarantine``). If that happened already, the hold is dropped now.
+    ///
+    /// Raises ``InvalidToken`` if the transfer was already ended.
+    fn fail(&self, py: Python<'_>) -> PyResult<()> {
+        self.end(py, Outcome::Failed)
+    }
+
+    /// Whether ``complete()`` or ``fail()`` has ended this transfer.
+    #[getter]
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    /// Returns the transfer itself.
+    fn __enter__<'py>(slf: &Bound<'py, Self>) -> Bound<'py, Self> {
+        slf.clone()
+    }
+
+    /// Completes the transfer on a normal exit, fails it on an exception (which
+    /// propagates). Does nothing if the transfer was already ended.
+    #[pyo3(signature = (exc_type, _exc_value, _traceback))]
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc_value: Option<&Bound<'_, PyAny>>,
+        _traceback: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        if self.ended.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        match exc_type {
+            None => self.end(py, Outcome::Completed)?,
+            // Never mask the exception that is propagating.
+            Some(_) => {
+                let _ = self.end(py, Outcome::Failed);
+            }
+        }
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Transfer(token={:#x}, handle={:#x}, peer={:?}, ended={})",
+            self.token,
+            self.handle,
+            self.peer,
+            self.ended.load(Ordering::Relaxed)
+        )
+    }
+}
+
+impl Drop for PyTransfer {
+    fn drop(&mut self) {
+        // Not ended: failed, as a dropped Rust guard (the room stays held until the peer is
+        // fenced or the room quarantined). The core refuses a second end, so this can
+        // never count twice.
+        if !self.ended.swap(true, Ordering::Relaxed) {
+            if let Ok(released) = self
+                .inner
+                .table
+                .end(TransferToken::from_wire(self.token), Outcome::Failed)
+            {
+                self.inner.keep(released);
+            }
+        }
+    }
+}
+
+/// The kvfence room table: one room per request, deciding when its KV-cache pages may be
+/// reused.
+///
+/// ``RoomTable(rooms, pages=None, *, release_queue=True, max_fenced=256, max_tokens=None)``
+///
+/// * ``pages=None``: gate mode. The engine owns its pages: ``open`` takes the engine's page
+///   ids and a ``token`` (its request slot), and a release hands both back.
+/// * ``pages=N``: pool mode. kvfence owns a pool of ``N`` pages (ids ``0..N``): ``open``
+///   claims a count of them, all or nothing.
+///
+/// Every release is delivered exactly once, through ``drain_released()`` (call it from the
+/// scheduler loop; any thread may). ``release_queue`` chooses when a release hands the
+/// room index (and pool pages) back to the table:
+///
+/// * ``True`` (default): at ``drain_released()``: the core's lock-free release queue. A room
+///   is not reusable until its release is drained, and ``wait_released``/``wait_idle``
+///   wait for the drain.
+/// * ``False``: at once, by the call that performed the release (the core's direct
+///   delivery); the binding keeps the ``Released`` for the next ``drain_released()``.
+///
+/// ``max_fenced``: ranks that can be fenced at once. ``max_tokens``: transfers in flight
+/// at once (default ``4 * rooms``, at most ``MAX_ROOMS``).
+///
+/// All methods are safe to call from any thread; blocking ones release the GIL.
+#[pyclass(frozen, module = "kvfence._kvfence", name = "RoomTable")]
+struct PyRoomTable {
+    inner: Arc<Inner>,
+}
+
+impl PyRoomTable {
+    fn table(&self) -> &RoomTable {
+        &self.inner.table
+    }
+}
+
+/// A room's status as a dict.
+fn status_dict<'py>(py: Python<'py>, s: &RoomStatus) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("handle", s.handle.to_wire())?;
+    d.set_item("phase", phase_str(s.phase))?;
+    d.set_item("waiting_on", PyList::new(py, s.waiting_on.iter())?)?;
+    d.set_item("transfers", s.transfers)?;
+    d.set_item("failed", s.failed)?;
+    d.set_item("pages", s.pages)?;
+    d.set_item("closing_for", s.closing_for.as_secs_f64())?;
+    d.set_item("quarantined", s.quarantined)?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyRoomTable {
+    /// Makes a table with every room (and page) free and no rank fenced.
+    #[new]
+    #[pyo3(
+        signature = (rooms, pages=None, *, release_queue=true, max_fenced=None, max_tokens=None),
+        text_signature = "(rooms, pages=None, *, release_queue=True, max_fenced=256, max_tokens=None)"
+    )]
+    fn new(
+        py: Python<'_>,
+        rooms: &Bound<'_, PyAny>,
+        pages: Option<&Bound<'_, PyAny>>,
+        release_queue: bool,
+        max_fenced: Option<&Bound<'_, PyAny>>,
+        max_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let rooms = count(rooms, "rooms")?;
+        let mut config = match pages {
+            None => Config::gate(rooms),
+            Some(p) => Config::pool(rooms, count(p, "pages")?),
+        };
+        config = config
+            .release_queue(release_queue)
+            .max_fenced(match max_fenced {
+                Some(n) => count(n, "max_fenced")?,
+                None => 256,
+            })
+            .max_tokens(match max_tokens {
+                Some(t) => count(t, "max_tokens")?,
+                // The core's default (4 per room), capped at its limit so that large
+                // tables get a valid default.
+                None => rooms.saturating_mul(4).clamp(1, kvfence::MAX_ROOMS),
+            });
+        let table = py.detach(|| RoomTable::new(config)).py(py)?;
+        Ok(PyRoomTable {
+            inner: Arc::new(Inner {
+                table,
+                direct: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Rooms in the table.
+    #[getter]
+    fn rooms(&self) -> usize {
+        self.table().config().rooms
+    }
+
+    /// The pool size (pool mode), or ``None`` (gate mode).
+    #[getter]
+    fn pages(&self) -> Option<usize> {
+        self.table().config().pages
+    }
+
+    /// Whether this is a gate-mode table (the engine owns the pages).
+    #[getter]
+    fn is_gate(&self) -> bool {
+        self.table().is_gate()
+    }
+
+    /// Whether releases hand rooms (and pool pages) back at ``drain_released()`` (``True``)
+    /// or at once (``False``).
+    #[getter]
+    fn release_queue(&self) -> bool {
+        self.table().config().release_queue
+    }
+
+    /// How many ranks can be fenced at once.
+    #[getter]
+    fn max_fenced(&self) -> usize {
+        self.table().config().max_fenced
+    }
+
+    /// How many transfers can be in flight at once.
+    #[getter]
+    fn max_tokens(&self) -> usize {
+        self.table().config().max_tokens
+    }
+
+    /// Opens a room for a request written by ``writers`` (prefill rank ids; at most
+    /// ``MAX_WRITERS``, no repeats; may be empty) and returns its handle, an int (the
+    /// 16-byte wire form: send it to the prefill ranks with the page ids).
+    ///
+    /// Gate mode: ``pages`` is the engine's page ids (any iterable of ints, or ``None``)
+    /// and ``token`` the engine's request slot or id, handed back by the release. Pool
+    /// mode: ``pages`` is a count (``None``: 0); read the ids with ``pages_of``;
+    /// ``token`` must be 0.
+    ///
+    /// The room waits on every writer: each must ``quiesce`` it (or be fenced) before it
+    /// can be released, even after an abort.
+    ///
+    /// Raises ``TableFull``, ``PoolExhausted``, ``RankFenced``, ``TooManyPages``,
+    /// ``InvalidRank``, ``TooManyWriters``, ``DuplicateWriter``; on error nothing is held.
+    #[pyo3(
+        signature = (writers, pages=None, token=None),
+        text_signature = "(self, writers, pages=None, token=0)"
+    )]
+    fn open(
+        &self,
+        py: Python<'_>,
+        writers: &Bound<'_, PyAny>,
+        pages: Option<&Bound<'_, PyAny>>,
+        token: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<u128> {
+        let writers = ranks(writers)?;
+        let token: u64 = match token {
+            None => 0,
+            Some(t) => t.extract().map_err(|e: PyErr| {
+                if e.is_instance_of::<PyOverflowError>(py) {
+                    PyValueError::new_err("token must be an int in 0..2**64")
+                } else {
+                    e
+                }
+            })?,
+        };
+        let table = self.table();
+        let handle = if table.is_gate() {
+            let pages = match pages {
+                None => Vec::new(),
+                Some(p) => page_ids(p)?,
+            };
+            table.open_gate(&writers, token, pages).py(py)?
+        } else {
+            if token != 0 {
+                return Err(PyValueError::new_err(
+                    "token is for gate mode; a pool-mode release reports token 0",
+                ));
+            }
+            let n = match pages {
+                None => 0,
+                Some(p) if p.is_instance_of::<PyInt>() => count(p, "pages")?,
+                Some(_) => {
+                    return Err(PyTypeError::new_err(
+                        "pool mode: pages is a page count (int); kvfence picks the ids",
+                    ))
+                }
+            };
+            table.open(&writers, n).py(py)?.handle
+        };
+        Ok(handle.to_wire())
+    }
+
+    /// The page ids of an owned room (in the order they were added).
+    ///
+    /// Raises ``RoomClosed`` once the room is closing, ``StaleHandle``, ``InvalidHandle``.
+    fn pages_of(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        self.table().pages_of(handle(h)?).py(py)
+    }
+
+    /// Adds pages to an owned room. Pool mode: ``pages`` is a count; returns the new page
+    /// ids. Gate mode: ``pages`` is the engine's page ids; returns ``None``.
+    ///
+    /// Raises ``RoomClosed`` once the room is closing, ``PoolExhausted``,
+    /// ``StaleHandle``, ``InvalidHandle``.
+    fn grow(
+        &self,
+        py: Python<'_>,
+        h: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Vec<u32>>> {
+        let h = handle(h)?;
+        let table = self.table();
+        if table.is_gate() {
+            let ids = page_ids(pages)?;
+            table.grow_gate(h, &ids).py(py)?;
+            Ok(None)
+        } else {
+            if !pages.is_instance_of::<PyInt>() {
+                return Err(PyTypeError::new_err(
+                    "pool mode: pages is a page count (int); kvfence picks the ids",
+                ));
+            }
+            let n = count(pages, "pages")?;
+            Ok(Some(table.grow(h, n).py(py)?))
+        }
+    }
+
+    /// Begins a transfer on the room's pages and returns it (see ``Transfer``): the room
+    /// cannot be released until it ends. ``peer``: the rank whose transport carries it, so
+    /// that fencing that rank ends it if it fails.
+    ///
+    /// This is the check a queued transfer intent makes right before it touches the pages:
+    /// after an abort it raises ``RoomClosed``, once the room is released ``StaleHandle``.
+    /// Also ``TooManyTransfers``, ``InvalidHandle``.
+    #[pyo3(signature = (h, peer=None))]
+    fn begin_transfer(
+        &self,
+        py: Python<'_>,
+        h: &Bound<'_, PyAny>,
+        peer: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyTransfer> {
+        let h = handle(h)?;
+        let peer = peer.map(rank).transpose()?;
+        let token = self.table().begin(h, peer).py(py)?;
+        Ok(PyTransfer {
+            inner: Arc::clone(&self.inner),
+            token: token.to_wire(),
+            handle: h.to_wire(),
+            peer,
+            ended: AtomicBool::new(false),
+        })
+    }
+
+    /// Aborts the request: no transfer can begin any more, and the room is released once
+    /// every writer has ACKed (``quiesce``) or been fenced and every transfer has ended.
+    /// Never blocks. A finishing (draining) room is aborted too.
+    ///
+    /// Returns the ranks still to be told (send each an ABORT; each answers with its ACK),
+    /// or ``[]`` if the room was already aborting. Raises ``StaleHandle`` once released.
+    fn abort(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        match self.table().abort(handle(h)?) {
+            Ok(aborted) => {
+                self.inner.keep(aborted.released);
+                Ok(aborted.fanout.to_vec())
+            }
+            Err(Error::AlreadyAborted) => Ok(Vec::new()),
+            Err(e) => Err(to_py(py, e)),
+        }
+    }
+
+    /// Finishes the request normally: no transfer can begin any more, and the room is
+    /// released once what is in flight drains (transfers, writers not yet quiesced).
+    ///
+    /// Raises ``AlreadyFinished``, ``AlreadyAborted`` (both ``RoomClosed``),
+    /// ``StaleHandle``.
+    fn finish(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<()> {
+        let released = self.table().finish(handle(h)?).py(py)?;
+        self.inner.keep(released);
+        Ok(())
+    }
+
+    /// Records writer ``rank``'s ACK: it will write no more to this room (it drained its
+    /// queue and in-flight writes). Returns:
+    ///
+    /// * ``"recorded"``: noted; the room still waits on others, or is still live;
+    /// * ``"duplicate"``: this rank had already ACKed this lifecycle (counts once);
+    /// * ``"released"``: this was the last thing the closing room waited on: it is released
+    ///   (the release is delivered by ``drain_released()``);
+    /// * ``"stale"``: the handle's lifecycle is over (a late ACK): nothing was touched.
+    ///
+    /// Raises ``RankNotInRoom``, ``InvalidHandle``.
+    fn quiesce<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Bound<'_, PyAny>,
+        rank: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyString>> {
+        let h = handle(h)?;
+        let rank = self::rank(rank)?;
+        // Interned: an ACK returns one of four shared strings, no allocation.
+        let word = match self.table().quiesce(h, rank) {
+            Ok(Quiesced::Recorded) => intern!(py, "recorded"),
+            Ok(Quiesced::Duplicate) => intern!(py, "duplicate"),
+            Ok(Quiesced::Queued) => intern!(py, "released"),
+            Ok(Quiesced::Released(released)) => {
+                self.inner.keep(Some(released));
+                intern!(py, "released")
+            }
+            Err(Error::StaleHandle) => intern!(py, "stale"),
+            Err(e) => return Err(to_py(py, e)),
+        };
+        Ok(word.clone())
+    }
+
+    /// Declares that ``rank`` can no longer write anywhere (its transport is torn down):
+    /// quiesces it in every live room, ends every failed transfer to it, and refuses new
+    /// rooms naming it until ``readmit_rank``. Only call it once no write from the rank can
+    /// land any more. Scans the table with the GIL released.
+    ///
+    /// Returns how many rooms it released. The releases themselves come from
+    /// ``drain_released()`` in both modes.
+    ///
+    /// Raises ``InvalidRank``, ``TooManyFenced``.
+    fn fence_rank(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let rank = self::rank(rank)?;
+        let table = self.table();
+        let fenced = py.detach(|| table.fence_rank(rank)).py(py)?;
+        let n = fenced.released.len() + fenced.queued;
+        for released in fenced.released {
+            self.inner.keep(Some(released));
+        }
+        Ok(n)
+    }
+
+    /// Re-admits a fenced rank (it has a new transport), or forgets a fenced rank id.
+    /// Returns whether it was fenced. Waits (GIL released) for a running ``fence_rank``
+    /// scan to finish first. Raises ``InvalidRank``.
+    fn readmit_rank(&self, py: Python<'_>, rank: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let rank = self::rank(rank)?;
+        let table = self.table();
+        py.detach(|| table.readmit_rank(rank)).py(py)
+    }
+
+    /// Ends a room that can never be proven drained (a failed transfer whose peer's
+    /// transport cannot be torn down): gives up on its pending writers and failed
+    /// transfers. The room index returns once local transfers end; its pages never do:
+    /// the release says ``reason == "quarantined"``. Raises ``StaleHandle``.
+    fn quarantine(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<()> {
+        let released = self.table().quarantine(handle(h)?).py(py)?;
+        self.inner.keep(released);
+        Ok(())
+    }
+
+    /// Every release not yet delivered, each exactly once (from any thread: concurrent
+    /// callers get disjoint lists). Call it each scheduler loop, then free the pages of
+    /// every release whose ``reason`` is not ``"quarantined"`` (gate mode).
+    fn drain_released(&self) -> Vec<PyReleased> {
+        let mut out = std::mem::take(&mut *lock(&self.inner.direct));
+        self.table().drain_released(&mut out);
+        out.into_iter().map(PyReleased::from).collect()
+    }
+
+    /// One undelivered release, or ``None``.
+    fn pop_released(&self) -> Option<PyReleased> {
+        let kept = lock(&self.inner.direct).pop();
+        kept.or_else(|| self.table().pop_released())
+            .map(PyReleased::from)
+    }
+
+    /// How many releases wait for ``drain_released()``.
+    fn queued_releases(&self) -> usize {
+        lock(&self.inner.direct).len() + self.table().queued_releases()
+    }
+
+    /// The phase of the handle's lifecycle: ``"owned"``, ``"aborting"``, ``"draining"``,
+    /// or ``"free"`` once released. Raises ``InvalidHandle``.
+    fn phase<'py>(&self, py: Python<'py>, h: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyString>> {
+        let word = match self.table().phase(handle(h)?).py(py)? {
+            Phase::Free => intern!(py, "free"),
+            Phase::Owned => intern!(py, "owned"),
+            Phase::Aborting => intern!(py, "aborting"),
+            Phase::Draining => intern!(py, "draining"),
+        };
+        Ok(word.clone())
+    }
+
+    /// The status of a live room: a dict with ``handle``, ``phase``, ``waiting_on`` (ranks
+    /// that have not ACKed), ``transfers`` (holding it, failed ones included), ``failed``,
+    /// ``pages`` (count), ``closing_for`` (seconds since abort/finish) and
+    /// ``quarantined``. Raises ``StaleHandle`` once released.
+    fn room_status<'py>(
+        &self,
+        py: Python<'py>,
+        h: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let status = self.table().room_status(handle(h)?).py(py)?;
+        status_dict(py, &status)
+    }
+
+    /// Blocks (GIL released) until the handle's lifecycle is released and its room index
+    /// and pool pages are back, or ``timeout`` seconds pass. Returns whether it was
+    /// released. With ``release_queue=True`` that needs the release to have been drained.
+    /// Waiting never changes the table (time never releases a room).
+    #[pyo3(signature = (h, timeout=None))]
+    fn wait_released(
+        &self,
+        py: Python<'_>,
+        h: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<bool> {
+        let h = handle(h)?;
+        let timeout = timeout_arg(timeout)?;
+        let table = self.table();
+        wait_loop(py, timeout, |slice| table.wait_released_timeout(h, slice))
+    }
+
+    /// Blocks (GIL released) until no room is owned or closing and every release has
+    /// handed its room back (shutdown drain), or ``timeout`` seconds pass. Returns whether
+    /// the table is idle. With ``release_queue=True``, releases must be drained for that.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = timeout_arg(timeout)?;
+        let table = self.table();
+        wait_loop(py, timeout, |slice| Ok(table.wait_idle_timeout(slice)))
+    }
+
+    /// A snapshot (taken with the GIL released) as a dict: ``rooms_free``,
+    /// ``rooms_owned``, ``rooms_closing``, ``rooms_queued`` (released, not yet drained),
+    /// ``pages_free`` (pool mode), ``pages_owned``, ``pages_held`` (in closing rooms),
+    /// ``pages_queued``, ``releases`` (delivered), ``stale_refused``, ``duplicate_acks``,
+    /// ``failed_transfers``, ``quarantined_rooms``, ``quarantined_pages``, ``fenced``
+    /// (sorted rank ids), ``queued_releases`` and ``closing`` (a ``room_status`` dict per
+    /// closing room).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let table = self.table();
+        let s = py.detach(|| table.stats());
+        let d = PyDict::new(py);
+        d.set_item("rooms_free", s.rooms.free)?;
+        d.set_item("rooms_owned", s.rooms.owned)?;
+        d.set_item("rooms_closing", s.rooms.held)?;
+        d.set_item("rooms_queued", s.rooms.queued)?;
+        d.set_item("pages_free", s.pages.free)?;
+        d.set_item("pages_owned", s.pages.owned)?;
+        d.set_item("pages_held", s.pages.held)?;
+        d.set_item("pages_queued", s.pages.queued)?;
+        d.set_item("releases", s.releases)?;
+        d.set_item("stale_refused", s.stale_refused)?;
+        d.set_item("duplicate_acks", s.duplicate_acks)?;
+        d.set_item("failed_transfers", s.failed_transfers)?;
+        d.set_item("quarantined_rooms", s.quarantined_rooms)?;
+        d.set_item("quarantined_pages", s.quarantined_pages)?;
+        d.set_item("fenced", PyList::new(py, &s.fenced)?)?;
+        d.set_item("queued_releases", self.queued_releases())?;
+        let closing = PyList::empty(py);
+        for room in &s.closing {
+            closing.append(status_dict(py, room)?)?;
+        }
+        d.set_item("closing", closing)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.table().config();
+        match c.pages {
+            None => format!("RoomTable(rooms={}, gate mode)", c.rooms),
+            Some(p) => format!("RoomTable(rooms={}, pages={})", c.rooms, p),
+        }
+    }
+}
+
+/// kvfence's native module (import ``kvfence``, not this).
+#[pymodule]
+fn _kvfence(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRoomTable>()?;
+    m.add_class::<PyTransfer>()?;
+    m.add_class::<PyReleased>()?;
+    m.add("MAX_WRITERS", kvfence::MAX_WRITERS)?;
+    m.add("MAX_ROOMS", kvfence::MAX_ROOMS)?;
+    m.add("MAX_PAGES", kvfence::MAX_PAGES)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
