@@ -6,6 +6,8 @@
 //! * `quiesce`: one rank's ACK on a live room of 64 ranks;
 //! * `abort_ack_release`: abort a room of 16 pages and 8 ranks, 8 ACKs, release;
 //! * `open_finish_release`: open 1, 16 or 256 pages with no writer ranks, finish, release.
+//! * `gate_lifecycle`: gate mode: open with 16 engine pages (recorded) and 8 ranks, 2
+//!   transfers, abort, 8 ACKs (the last queues the release), drain the release queue.
 
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]

@@ -17,6 +17,10 @@
 //!   (`parked_waiter_other_room`): waits are per room, so the two should match (issue 9,
 //!   finding 4: a single waiter used to cost every release of every room a shared
 //!   `fetch_add` and a futex wake).
+//! * `gate_lifecycle`: one whole gate-mode lifecycle (issue 10's target): `open_gate` with
+//!   16 engine pages and 8 writer ranks, 2 transfers, abort, 8 ACKs (the last queues the
+//!   release), `drain_released` and the engine's free, on a gate-mode table with the
+//!   release queue.
 //!
 //! The baseline tracker runs the same workloads in `benches/baseline.rs`, under the same
 //! group names, so the results table can put them side by side; both call the one
@@ -28,8 +32,8 @@
 mod common;
 
 use common::{bare_pair, config, lifecycle, table, Tracker};
-use kvfence::{RankSet, RoomTable};
 use criterion::{criterion_group, criterion_main, Criterion};
+use kvfence::RoomTable;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -51,7 +55,7 @@ fn lifecycle_waiter(c: &mut Criterion) {
     g.bench_function("no_waiter", |b| b.iter(|| lifecycle(&t, &mut (), &writers)));
     let t = table();
     // A room that stays closing (rank 0 never ACKs) while the waiter sleeps on it.
-    let parked = t.open(1, &RankSet::first(1).unwrap()).unwrap().handle;
+    let parked = t.open(&[0], 1).unwrap().handle;
     let _ = t.abort(parked).unwrap();
     std::thread::scope(|s| {
         let waiter = s.spawn(|| t.wait_released(parked).unwrap());

@@ -22,16 +22,16 @@ use common::{bench_threads, config, table, Baseline, BATCHES, PAGES};
 const MT_BATCH: usize = 16;
 const MT_THREADS: [usize; 3] = [2, 8, 16];
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvfence::{RankSet, RoomTable};
+use kvfence::RoomTable;
 use std::hint::black_box;
 
 /// kvfence's batch claim + free: `open(n)` with no writer ranks, then `abort` (which
 /// releases at once); returns the page list `open` allocated.
 #[inline]
-fn claim_free(table: &RoomTable, nobody: &RankSet, n: usize) -> Vec<u32> {
-    let room = table.open(n, nobody).expect("open");
+fn claim_free(table: &RoomTable, nobody: &[u32], n: usize) -> Vec<u32> {
+    let room = table.open(nobody, n).expect("open");
     let aborted = table.abort(room.handle).expect("abort");
-    assert_eq!(aborted.released.map(|r| r.pages), Some(n));
+    assert_eq!(aborted.released.map(|r| r.pages.len()), Some(n));
     room.pages
 }
 
@@ -47,7 +47,7 @@ fn pages(c: &mut Criterion) {
     let mut g = c.benchmark_group("pages_claim_free");
     let table = table();
     let list = Baseline::new(PAGES);
-    let nobody = RankSet::new();
+    let nobody: [u32; 0] = [];
     for n in BATCHES {
         g.throughput(Throughput::Elements(n as u64));
         g.bench_with_input(BenchmarkId::new("kvfence", n), &n, |b, &n| {

@@ -10,7 +10,7 @@
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion};
-use kvfence::{Config, Quiesced, RankSet, Released, RoomHandle, RoomTable, TransferGuard};
+use kvfence::{Config, Fanout, Quiesced, Released, RoomHandle, RoomTable, TransferGuard};
 use std::collections::{HashMap, HashSet};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 pub const ROOMS: usize = 4096;
 /// Pages in every benchmark pool: room for a 4096-page batch and 16 threads x 16 pages.
 pub const PAGES: usize = 1 << 17;
-/// Writer ranks the tables accept.
-pub const RANKS: usize = 64;
+/// Writer ranks per room at most (the library's `MAX_WRITERS`).
+pub const RANKS: usize = kvfence::MAX_WRITERS;
 /// Thread counts of the multi-threaded benchmarks.
 pub const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
 /// Page counts of the open -> finish -> release benchmark.
@@ -45,9 +45,16 @@ pub fn config() -> Criterion {
         .configure_from_args()
 }
 
-/// The kvfence table every benchmark uses.
+/// The kvfence table every pool-mode benchmark uses (kvfence owns pages `0..PAGES`).
 pub fn table() -> RoomTable {
-    RoomTable::new(Config::new(ROOMS, PAGES, RANKS)).expect("benchmark table config is valid")
+    RoomTable::new(Config::pool(ROOMS, PAGES)).expect("benchmark table config is valid")
+}
+
+/// The kvfence table of the gate-mode benchmarks: the engine owns the pages, releases go to
+/// the release queue and are drained by the engine.
+pub fn gate_table() -> RoomTable {
+    RoomTable::new(Config::gate(ROOMS).release_queue(true))
+        .expect("benchmark table config is valid")
 }
 
 /// Runs `iters` units of work split over `threads` scoped threads and returns the wall time
@@ -119,6 +126,8 @@ pub enum Ack {
     Duplicate,
     /// Released; the number of pages returned to the pool.
     Released(usize),
+    /// Released into the release queue (gate mode): the engine drains it.
+    Queued,
 }
 
 /// The calls the workloads make, implemented by kvfence's [`RoomTable`] and by the
@@ -140,7 +149,14 @@ pub trait Tracker: Sync {
     type Release;
     /// The ranks `abort` says must still ACK.
     type Fanout;
+    /// A release delivered by [`drain`](Tracker::drain) (gate mode).
+    type Drained;
     type Error: std::fmt::Debug + PartialEq;
+
+    /// A gate-mode tracker: the engine owns the pages, releases are queued for it.
+    fn gate() -> Self
+    where
+        Self: Sized;
 
     /// Ranks `0..ranks`.
     fn writers(ranks: u32) -> Self::Writers;
@@ -162,19 +178,35 @@ pub trait Tracker: Sync {
     fn fanout(fanout: &Self::Fanout) -> impl Iterator<Item = u32> + '_;
     /// Finishes; returns the pages released at once, if any.
     fn finish(&self, room: Self::Room) -> Result<Option<usize>, Self::Error>;
+    /// Gate mode: opens a room over the engine's `pages` (request slot `token`).
+    fn open_gate(
+        &self,
+        ids: &mut Self::Ids,
+        token: u64,
+        pages: Vec<u32>,
+        writers: &Self::Writers,
+    ) -> Result<Self::Room, Self::Error>;
+    /// Gate mode: delivers every queued release into `out`; returns how many.
+    fn drain(&self, out: &mut Vec<Self::Drained>) -> usize;
+    /// A delivered release's request slot and the engine pages to free.
+    fn drained(d: Self::Drained) -> (u64, Vec<u32>);
 }
 
 impl Tracker for RoomTable {
     type Room = RoomHandle;
-    type Writers = RankSet;
+    type Writers = Vec<u32>;
     type Ids = ();
     type Transfer<'a> = TransferGuard<'a>;
     type Release = Released;
-    type Fanout = RankSet;
+    type Fanout = Fanout;
+    type Drained = Released;
     type Error = kvfence::Error;
 
-    fn writers(ranks: u32) -> RankSet {
-        RankSet::first(ranks as usize).expect("ranks in range")
+    fn gate() -> RoomTable {
+        gate_table()
+    }
+    fn writers(ranks: u32) -> Vec<u32> {
+        (0..ranks).collect()
     }
     fn ids(_thread: usize) -> Self::Ids {}
     #[inline]
@@ -182,9 +214,9 @@ impl Tracker for RoomTable {
         &self,
         _ids: &mut (),
         pages: usize,
-        writers: &RankSet,
+        writers: &Vec<u32>,
     ) -> Result<(RoomHandle, Vec<u32>), kvfence::Error> {
-        RoomTable::open(self, pages, writers).map(|o| (o.handle, o.pages))
+        RoomTable::open(self, writers, pages).map(|o| (o.handle, o.pages))
     }
     #[inline(always)]
     fn begin(&self, room: RoomHandle) -> Result<TransferGuard<'_>, kvfence::Error> {
@@ -199,20 +231,39 @@ impl Tracker for RoomTable {
         RoomTable::quiesce(self, room, rank).map(|q| match q {
             Quiesced::Recorded => Ack::Recorded,
             Quiesced::Duplicate => Ack::Duplicate,
-            Quiesced::Released(r) => Ack::Released(r.pages),
+            Quiesced::Released(r) => Ack::Released(r.pages.len()),
+            Quiesced::Queued => Ack::Queued,
         })
     }
     #[inline]
-    fn abort(&self, room: RoomHandle) -> Result<(RankSet, Option<usize>), kvfence::Error> {
-        RoomTable::abort(self, room).map(|a| (a.fanout, a.released.map(|r| r.pages)))
+    fn abort(&self, room: RoomHandle) -> Result<(Fanout, Option<usize>), kvfence::Error> {
+        RoomTable::abort(self, room).map(|a| (a.fanout, a.released.map(|r| r.pages.len())))
     }
     #[inline]
-    fn fanout(fanout: &RankSet) -> impl Iterator<Item = u32> + '_ {
-        fanout.iter()
+    fn fanout(fanout: &Fanout) -> impl Iterator<Item = u32> + '_ {
+        fanout.iter().copied()
     }
     #[inline]
     fn finish(&self, room: RoomHandle) -> Result<Option<usize>, kvfence::Error> {
-        RoomTable::finish(self, room).map(|r| r.map(|r| r.pages))
+        RoomTable::finish(self, room).map(|r| r.map(|r| r.pages.len()))
+    }
+    #[inline]
+    fn open_gate(
+        &self,
+        _ids: &mut (),
+        token: u64,
+        pages: Vec<u32>,
+        writers: &Vec<u32>,
+    ) -> Result<RoomHandle, kvfence::Error> {
+        RoomTable::open_gate(self, writers, token, pages)
+    }
+    #[inline]
+    fn drain(&self, out: &mut Vec<Released>) -> usize {
+        self.drain_released(out)
+    }
+    #[inline]
+    fn drained(d: Released) -> (u64, Vec<u32>) {
+        (d.token, d.pages)
     }
 }
 
@@ -224,8 +275,12 @@ impl Tracker for Baseline {
     type Transfer<'a> = u64;
     type Release = usize;
     type Fanout = usize;
+    type Drained = (u64, Vec<u32>);
     type Error = BError;
 
+    fn gate() -> Baseline {
+        Baseline::new(0)
+    }
     fn writers(ranks: u32) -> Vec<u32> {
         (0..ranks).collect()
     }
@@ -265,6 +320,25 @@ impl Tracker for Baseline {
     #[inline]
     fn finish(&self, room: u64) -> Result<Option<usize>, BError> {
         Baseline::finish(self, room)
+    }
+    #[inline]
+    fn open_gate(
+        &self,
+        ids: &mut u64,
+        token: u64,
+        pages: Vec<u32>,
+        writers: &Vec<u32>,
+    ) -> Result<u64, BError> {
+        *ids += 1;
+        Baseline::open_gate(self, *ids, token, pages, writers).map(|()| *ids)
+    }
+    #[inline]
+    fn drain(&self, out: &mut Vec<(u64, Vec<u32>)>) -> usize {
+        Baseline::drain_released(self, out)
+    }
+    #[inline]
+    fn drained(d: (u64, Vec<u32>)) -> (u64, Vec<u32>) {
+        d
     }
 }
 
@@ -423,7 +497,8 @@ pub type Workload<T> = fn(&mut Group<'_>, &str, &T);
 
 /// The single-thread workloads of `hot_path.rs` and `baseline.rs` for tracker `name`, in
 /// their groups `begin_complete`, `quiesce`, `abort_ack_release`, `open_finish_release`,
-/// each on a fresh tracker from `new`. `extra` first adds other benchmarks to the
+/// each on a fresh (pool-mode) tracker from `new`, and `gate_lifecycle` on a fresh
+/// gate-mode tracker ([`Tracker::gate`]). `extra` first adds other benchmarks to the
 /// `begin_complete` group (the bare atomic pairs of `hot_path.rs`).
 pub fn single_thread<T: Tracker>(
     c: &mut Criterion,
@@ -445,6 +520,9 @@ pub fn single_thread<T: Tracker>(
         workload(&mut g, name, &new());
         g.finish();
     }
+    let mut g = c.benchmark_group("gate_lifecycle");
+    gate_lifecycle_single(&mut g, name, &T::gate());
+    g.finish();
 }
 
 /// One scaling lifecycle: open 16 pages for 8 writer ranks, 2 local transfers, abort,
@@ -487,6 +565,125 @@ pub fn scaling<'t, T: Tracker + 't>(
     }
 }
 
+/// Most recycled page lists an [`Engine`] keeps (another thread may drain its releases).
+const ENGINE_LISTS: usize = 8;
+
+/// One thread's engine for the gate-mode lifecycle: it owns the pages (page lists recycled
+/// from drained releases, so a lifecycle allocates nothing), names requests by token, and
+/// drains the tracker's release queue into a reused buffer.
+pub struct Engine<T: Tracker> {
+    thread: usize,
+    ids: T::Ids,
+    next_token: u64,
+    lists: Vec<Vec<u32>>,
+    drained: Vec<T::Drained>,
+    /// Lifecycles opened and releases drained by this engine (on a shared tracker one
+    /// engine may drain another's release).
+    pub opened: u64,
+    pub freed: u64,
+}
+
+impl<T: Tracker> Engine<T> {
+    pub fn new(thread: usize) -> Engine<T> {
+        Engine {
+            thread,
+            ids: T::ids(thread),
+            next_token: (thread as u64) << 40,
+            lists: Vec::with_capacity(ENGINE_LISTS),
+            drained: Vec::with_capacity(ROOMS),
+            opened: 0,
+            freed: 0,
+        }
+    }
+
+    /// The engine's allocator: 16 page ids (a recycled list if it has one).
+    fn alloc(&mut self) -> Vec<u32> {
+        let base = (self.thread * LIFE_PAGES) as u32;
+        self.lists
+            .pop()
+            .unwrap_or_else(|| (base..base + LIFE_PAGES as u32).collect())
+    }
+
+    /// The scheduler loop: drains the release queue, then frees the pages.
+    fn drain(&mut self, t: &T) {
+        t.drain(&mut self.drained);
+        for d in self.drained.drain(..) {
+            let (_token, pages) = T::drained(d);
+            assert_eq!(pages.len(), LIFE_PAGES, "a release with the wrong pages");
+            self.freed += 1;
+            if self.lists.len() < ENGINE_LISTS {
+                self.lists.push(pages);
+            }
+        }
+    }
+}
+
+/// One gate-mode lifecycle: open with 16 engine pages and 8 writer ranks, 2 local
+/// transfers, abort, 8 ACKs (the last queues the release), drain the release queue and
+/// free the pages. Panics if the protocol misbehaves.
+#[inline]
+pub fn gate_lifecycle<T: Tracker>(t: &T, e: &mut Engine<T>, writers: &T::Writers) {
+    let pages = e.alloc();
+    e.next_token += 1;
+    let room = t
+        .open_gate(&mut e.ids, e.next_token, pages, writers)
+        .expect("open_gate");
+    e.opened += 1;
+    for _ in 0..LIFE_TRANSFERS {
+        assert!(transfer(t, room).is_none());
+    }
+    let (_, released) = t.abort(room).expect("abort");
+    assert!(released.is_none());
+    let mut queued = 0;
+    for rank in 0..LIFE_RANKS {
+        match t.quiesce(room, rank).expect("quiesce") {
+            Ack::Recorded => {}
+            Ack::Queued => queued += 1,
+            other => panic!("gate lifecycle: ACK gave {other:?}"),
+        }
+    }
+    assert_eq!(queued, 1, "the last ACK queues the release");
+    e.drain(t);
+}
+
+/// `gate_lifecycle/<name>`: one gate-mode lifecycle ([`gate_lifecycle`]), single thread,
+/// on a gate-mode tracker (every release is drained by the same thread).
+pub fn gate_lifecycle_single<T: Tracker>(g: &mut Group<'_>, name: &str, t: &T) {
+    let writers = T::writers(LIFE_RANKS);
+    let mut e = Engine::<T>::new(0);
+    g.bench_function(name, |b| b.iter(|| gate_lifecycle(t, &mut e, &writers)));
+    assert_eq!(e.opened, e.freed, "{name}: a release was not drained");
+}
+
+/// `<group>/<name>/<T>` for T in [`THREADS`]: T threads each running whole gate-mode
+/// lifecycles ([`gate_lifecycle`]), thread `i` on tracker `tracker_of(i)` with an engine of
+/// its own. One iteration is one lifecycle on any thread. Checks that every release opened
+/// was drained by some engine.
+pub fn scaling_gate<'t, T: Tracker + 't>(
+    g: &mut Group<'_>,
+    name: &str,
+    tracker_of: impl Fn(usize) -> &'t T + Sync,
+) {
+    let writers = T::writers(LIFE_RANKS);
+    let (opened, freed) = (AtomicU64::new(0), AtomicU64::new(0));
+    for threads in THREADS {
+        bench_threads(g, name, threads, |thread, n| {
+            let tracker = tracker_of(thread);
+            let mut e = Engine::<T>::new(thread);
+            for _ in 0..n {
+                gate_lifecycle(tracker, &mut e, &writers);
+            }
+            opened.fetch_add(e.opened, Ordering::Relaxed);
+            freed.fetch_add(e.freed, Ordering::Relaxed);
+        });
+    }
+    assert_eq!(
+        opened.load(Ordering::Relaxed),
+        freed.load(Ordering::Relaxed),
+        "{name}: a release was not drained"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // The baseline: the same protocol written the way peers write it.
 // ---------------------------------------------------------------------------------------
@@ -520,6 +717,8 @@ pub struct BAborted {
 #[derive(Debug)]
 struct BRoom {
     pages: Vec<u32>,
+    /// Gate mode: the engine's request slot; the release goes to the release queue.
+    engine: Option<u64>,
     writers: HashSet<u32>,
     acked: HashSet<u32>,
     inflight: u32,
@@ -532,15 +731,28 @@ impl BRoom {
     }
 }
 
+/// How a baseline room was released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BRel {
+    /// Its pages went back on the free list.
+    Freed(usize),
+    /// Engine pages (gate mode): the release went to the release queue.
+    Queued,
+}
+
 /// The peer-style tracker: one `Mutex<HashMap>` of room state keyed by the request's room
 /// id (each room keeps the set of ranks that ACKed), and one `Mutex<Vec<u32>>` free page
 /// list. Every call takes the map lock; claims and releases take the list lock. It is
 /// correct (same release rule as kvfence: closing, no transfer in flight, every writer
 /// ACKed); the comparison is about cost and scaling, not safety.
+///
+/// Gate mode (`open_gate`): the room just records the engine's pages; its release is
+/// pushed, with them, on a `Mutex<Vec<_>>` release queue that the engine drains.
 #[derive(Debug)]
 pub struct Baseline {
     rooms: Mutex<HashMap<u64, BRoom>>,
     free_pages: Mutex<Vec<u32>>,
+    released: Mutex<Vec<(u64, Vec<u32>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -553,6 +765,7 @@ impl Baseline {
         Baseline {
             rooms: Mutex::new(HashMap::new()),
             free_pages: Mutex::new((0..pages as u32).rev().collect()),
+            released: Mutex::new(Vec::with_capacity(ROOMS)),
         }
     }
 
@@ -569,6 +782,7 @@ impl Baseline {
             id,
             BRoom {
                 pages: pages.clone(),
+                engine: None,
                 writers: writers.iter().copied().collect(),
                 acked: HashSet::new(),
                 inflight: 0,
@@ -576,6 +790,40 @@ impl Baseline {
             },
         );
         Ok(pages)
+    }
+
+    /// Gate mode: opens room `id` over the engine's `pages` for request slot `token`.
+    pub fn open_gate(
+        &self,
+        id: u64,
+        token: u64,
+        pages: Vec<u32>,
+        writers: &[u32],
+    ) -> Result<(), BError> {
+        let mut rooms = lock(&self.rooms);
+        if rooms.contains_key(&id) {
+            return Err(BError::DuplicateRoom);
+        }
+        rooms.insert(
+            id,
+            BRoom {
+                pages,
+                engine: Some(token),
+                writers: writers.iter().copied().collect(),
+                acked: HashSet::new(),
+                inflight: 0,
+                phase: BPhase::Owned,
+            },
+        );
+        Ok(())
+    }
+
+    /// Gate mode: moves every queued release into `out`; returns how many.
+    pub fn drain_released(&self, out: &mut Vec<(u64, Vec<u32>)>) -> usize {
+        let mut q = lock(&self.released);
+        let n = q.len();
+        out.append(&mut q);
+        n
     }
 
     /// Starts a local transfer on room `id`.
@@ -594,7 +842,7 @@ impl Baseline {
         let mut rooms = lock(&self.rooms);
         let room = rooms.get_mut(&id).ok_or(BError::UnknownRoom)?;
         room.inflight -= 1;
-        Ok(self.maybe_release(rooms, id))
+        Ok(freed(self.maybe_release(rooms, id)))
     }
 
     /// Records that `rank` is done with room `id` (its ACK).
@@ -608,7 +856,8 @@ impl Baseline {
             return Ok(Ack::Duplicate);
         }
         Ok(match self.maybe_release(rooms, id) {
-            Some(n) => Ack::Released(n),
+            Some(BRel::Freed(n)) => Ack::Released(n),
+            Some(BRel::Queued) => Ack::Queued,
             None => Ack::Recorded,
         })
     }
@@ -624,7 +873,7 @@ impl Baseline {
         let fanout = room.writers.len() - room.acked.len();
         Ok(BAborted {
             fanout,
-            released: self.maybe_release(rooms, id),
+            released: freed(self.maybe_release(rooms, id)),
         })
     }
 
@@ -636,23 +885,27 @@ impl Baseline {
             return Err(BError::Closed);
         }
         room.phase = BPhase::Draining;
-        Ok(self.maybe_release(rooms, id))
+        Ok(freed(self.maybe_release(rooms, id)))
     }
 
     /// Releases room `id` if it has drained: removes it under the map lock, then returns its
-    /// pages under the list lock.
+    /// pages under the list lock (or, engine pages, queues the release under the queue's).
     fn maybe_release(
         &self,
         mut rooms: MutexGuard<'_, HashMap<u64, BRoom>>,
         id: u64,
-    ) -> Option<usize> {
+    ) -> Option<BRel> {
         if !rooms.get(&id).is_some_and(BRoom::drained) {
             return None;
         }
         let room = rooms.remove(&id).expect("checked above");
         drop(rooms);
+        if let Some(token) = room.engine {
+            lock(&self.released).push((token, room.pages));
+            return Some(BRel::Queued);
+        }
         self.free_pages(&room.pages);
-        Some(room.pages.len())
+        Some(BRel::Freed(room.pages.len()))
     }
 
     /// Takes `n` pages off the free list (the peers' `free_slots[:n]`).
@@ -673,5 +926,13 @@ impl Baseline {
     /// Free pages and live rooms (for the benchmarks' sanity checks).
     pub fn usage(&self) -> (usize, usize) {
         (lock(&self.free_pages).len(), lock(&self.rooms).len())
+    }
+}
+
+/// The pages a release returned to the free list (a queued release returned none yet).
+fn freed(rel: Option<BRel>) -> Option<usize> {
+    match rel {
+        Some(BRel::Freed(n)) => Some(n),
+        Some(BRel::Queued) | None => None,
     }
 }

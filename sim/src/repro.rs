@@ -14,7 +14,7 @@
 use crate::arena::Arena;
 use crate::config::RuleKind;
 use crate::rules;
-use kvfence::{Config, RankSet, RoomTable};
+use kvfence::{Config, RoomTable};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,7 @@ fn one_run(
     // Exactly one request's worth of pages: B can only get A's pages.
     let mut rule = rules::make(kind, PAGES, 2, 1, timeout)?;
     let prefill = (kind == RuleKind::Kvfence)
-        .then(|| RoomTable::new(Config::new(2, 2, 1)))
+        .then(|| RoomTable::new(Config::pool(2, 2)))
         .transpose()
         .map_err(|e| e.to_string())?;
     let in_flight = run.is_multiple_of(2);
@@ -60,11 +60,7 @@ fn one_run(
         .ok_or("repro: cannot open request A")?;
     // T0: the rank's source-side room for A, and (even runs) its write already in flight.
     let source = match &prefill {
-        Some(t) => Some(
-            t.open(1, &RankSet::new())
-                .map_err(|e| e.to_string())?
-                .handle,
-        ),
+        Some(t) => Some(t.open(&[], 1).map_err(|e| e.to_string())?.handle),
         None => None,
     };
     let guard = match (&prefill, source, in_flight) {
@@ -79,6 +75,10 @@ fn one_run(
         // The prefill rank: holds the stale write until the barrier opens.
         s.spawn(move || {
             if go_rx.recv().is_err() {
+                // The run was given up before the barrier: the write never happened.
+                if let Some(g) = guard {
+                    let _ = g.complete();
+                }
                 return;
             }
             let (mut landed, mut refused) = (false, false);
@@ -131,6 +131,9 @@ fn one_run(
                 acked = true;
             }
         }
+        // The scheduler loop acts on releases decided meanwhile (kvfence: its release
+        // queue); only then are pages free for B.
+        let _ = rule.drain();
         if kind == RuleKind::Timeout {
             // The stale write outlives the timeout.
             std::thread::sleep(timeout + Duration::from_millis(1));
@@ -151,6 +154,7 @@ fn one_run(
         if !acked {
             let _ = rule.ack(room_a, 0);
         }
+        let _ = rule.drain();
         if room_b.is_none() {
             room_b = rule.open(PAGES, &[0])?;
             if let Some((_, pages)) = &room_b {
@@ -164,6 +168,7 @@ fn one_run(
         let corrupted = pages_b.iter().any(|&p| !arena.verify_page(p, req_b));
         rule.done(room_b, 0);
         let _ = rule.finish(room_b);
+        let _ = rule.drain();
         let leaked = rule.conservation().is_err();
         Ok((corrupted, deferred, refused, landed, leaked))
     })

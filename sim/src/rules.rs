@@ -5,7 +5,8 @@
 //! `kvfence` is the library's [`RoomTable`]: rooms are named by generation-tagged handles.
 
 use crate::config::RuleKind;
-use kvfence::{Config, Error, Quiesced, RankSet, RoomHandle, RoomTable};
+use kvfence::{Config, Error, Quiesced, Reason, Released, RoomHandle, RoomTable};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// A room as the simulator names it: a kvfence handle in its wire form (16 bytes), or a
@@ -30,6 +31,9 @@ pub enum AckOutcome {
     Recorded,
     /// Counted, and it released the room.
     Released,
+    /// Counted, and it released the room into the release queue: the room counts as
+    /// released (its pages reusable) once [`Rule::drain`] delivers it.
+    Queued,
     /// Not counted: late, duplicate or stale.
     Ignored,
 }
@@ -41,7 +45,8 @@ pub trait Rule {
     /// `rank` finished writing its part of a live room.
     fn done(&mut self, room: RoomId, rank: u32);
     /// Aborts a live room whose ranks `pending` have not reported done. Returns the ranks to
-    /// send ABORT to and whether the pages were released now.
+    /// send ABORT to and whether the pages were released now (a queued release: `false`,
+    /// it comes from [`Rule::drain`]).
     fn abort(&mut self, room: RoomId, pending: &[u32], now: Instant) -> (Vec<u32>, bool);
     /// Finishes a live room after verification. Returns whether it was released now.
     fn finish(&mut self, room: RoomId) -> bool;
@@ -49,6 +54,11 @@ pub trait Rule {
     fn ack(&mut self, room: RoomId, rank: u32) -> AckOutcome;
     /// Time passes: rooms released by a timer.
     fn tick(&mut self, now: Instant) -> Vec<RoomId>;
+    /// The scheduler loop acts on releases decided elsewhere (queued): frees their pages
+    /// to the free list and returns their rooms. Rules that release at once: nothing.
+    fn drain(&mut self) -> Vec<RoomId> {
+        Vec::new()
+    }
     /// `rank`'s transport was torn down (no write of it can land any more).
     fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId>;
     /// `rank` has a new transport.
@@ -245,33 +255,76 @@ impl Rule for SimplePool {
     }
 }
 
-/// The kvfence rule: [`RoomTable`] on the decode side.
+/// The kvfence rule: [`RoomTable`] in gate mode on the decode side.
+///
+/// The engine (this rule) owns the page arena's allocator, a LIFO free list like the other
+/// rules'; the table gates every free: a room is opened with the engine's page ids
+/// ([`RoomTable::open_gate`]), releases are decided wherever the last ACK, transfer or fence
+/// lands and go to the table's release queue, and the scheduler loop drains the queue
+/// ([`Rule::drain`]) and only then puts the pages back on the free list.
 #[derive(Debug)]
 pub struct Kvfence {
     table: RoomTable,
+    /// The arena's free list (LIFO: a freed page is handed out again at once).
+    free_pages: Vec<u32>,
+    /// Page count of every open lifecycle by token: a drained release must name one.
+    live: HashMap<u64, usize>,
+    next_token: u64,
     pages: usize,
     rooms: usize,
+    /// Deliveries that did not match an open lifecycle (never expected).
+    bad_releases: Vec<String>,
+    /// Buffer for [`RoomTable::drain_released`].
+    drained: Vec<Released>,
 }
 
 impl Kvfence {
-    /// A table of `pages` pages, `rooms` rooms, `ranks` writer ranks.
+    /// A gate-mode table of `rooms` rooms over an arena of `pages` pages. `ranks` (writer
+    /// rank ids `0..ranks`) needs no table setting: any `u32` but `u32::MAX` is a rank id.
     pub fn new(pages: usize, rooms: usize, ranks: usize) -> Result<Kvfence, String> {
-        let table = RoomTable::new(Config::new(rooms, pages, ranks)).map_err(|e| e.to_string())?;
+        if ranks > u32::MAX as usize {
+            return Err(format!("kvfence: {ranks} ranks: rank ids are u32"));
+        }
+        let table =
+            RoomTable::new(Config::gate(rooms).release_queue(true)).map_err(|e| e.to_string())?;
         Ok(Kvfence {
             table,
+            free_pages: (0..pages as u32).rev().collect(),
+            live: HashMap::new(),
+            next_token: 0,
             pages,
             rooms,
+            bad_releases: Vec::new(),
+            drained: Vec::with_capacity(rooms),
         })
     }
 }
 
 impl Rule for Kvfence {
     fn open(&mut self, pages: usize, ranks: &[u32]) -> Result<Option<(RoomId, Vec<u32>)>, String> {
-        let set = RankSet::from_ranks(ranks.iter().copied()).map_err(|e| e.to_string())?;
-        match self.table.open(pages, &set) {
-            Ok(opened) => Ok(Some((opened.handle.to_wire(), opened.pages))),
-            Err(Error::PoolExhausted { .. } | Error::RoomTableFull) => Ok(None),
-            Err(e) => Err(format!("kvfence open refused: {e}")),
+        if self.free_pages.len() < pages {
+            return Ok(None);
+        }
+        let list: Vec<u32> = self
+            .free_pages
+            .drain(self.free_pages.len() - pages..)
+            .rev()
+            .collect();
+        self.next_token += 1;
+        let token = self.next_token;
+        match self.table.open_gate(ranks, token, list.clone()) {
+            Ok(handle) => {
+                self.live.insert(token, pages);
+                Ok(Some((handle.to_wire(), list)))
+            }
+            Err(e) => {
+                // Not opened: the pages are still ours.
+                self.free_pages.extend(list.into_iter().rev());
+                match e {
+                    Error::RoomTableFull => Ok(None),
+                    e => Err(format!("kvfence open refused: {e}")),
+                }
+            }
         }
     }
 
@@ -282,8 +335,9 @@ impl Rule for Kvfence {
     }
 
     fn abort(&mut self, room: RoomId, _pending: &[u32], _now: Instant) -> (Vec<u32>, bool) {
+        // A release (nothing held the room) is queued: it counts once drained.
         match self.table.abort(RoomHandle::from_wire(room)) {
-            Ok(a) => (a.fanout.iter().collect(), a.released.is_some()),
+            Ok(a) => (a.fanout.to_vec(), a.released.is_some()),
             Err(_) => (Vec::new(), false),
         }
     }
@@ -296,6 +350,7 @@ impl Rule for Kvfence {
         match self.table.quiesce(RoomHandle::from_wire(room), rank) {
             Ok(Quiesced::Recorded) => AckOutcome::Recorded,
             Ok(Quiesced::Released(_)) => AckOutcome::Released,
+            Ok(Quiesced::Queued) => AckOutcome::Queued,
             Ok(Quiesced::Duplicate) | Err(_) => AckOutcome::Ignored,
         }
     }
@@ -305,7 +360,39 @@ impl Rule for Kvfence {
         Vec::new()
     }
 
+    fn drain(&mut self) -> Vec<RoomId> {
+        self.drained.clear();
+        if self.table.drain_released(&mut self.drained) == 0 {
+            return Vec::new();
+        }
+        let mut rooms = Vec::with_capacity(self.drained.len());
+        for r in self.drained.drain(..) {
+            match self.live.remove(&r.token) {
+                Some(n) if n == r.pages.len() => {}
+                Some(n) => self.bad_releases.push(format!(
+                    "token {} released {} pages, opened with {n}",
+                    r.token,
+                    r.pages.len()
+                )),
+                None => self
+                    .bad_releases
+                    .push(format!("token {} released twice or never opened", r.token)),
+            }
+            if r.reason == Reason::Quarantined {
+                // Never reuse these pages (the simulator never quarantines).
+                self.bad_releases
+                    .push(format!("token {} quarantined", r.token));
+            } else {
+                // The engine's free: only now can the pages go to another request.
+                self.free_pages.extend(r.pages.iter().rev());
+            }
+            rooms.push(r.handle.to_wire());
+        }
+        rooms
+    }
+
     fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId> {
+        // What the fence releases goes to the release queue (the next drain).
         match self.table.fence_rank(rank) {
             Ok(f) => f.released.iter().map(|r| r.handle.to_wire()).collect(),
             Err(_) => Vec::new(),
@@ -319,9 +406,10 @@ impl Rule for Kvfence {
     fn usage(&self) -> Usage {
         let s = self.table.stats();
         Usage {
-            free: s.pages.free,
+            free: self.free_pages.len(),
             owned: s.pages.owned,
-            held: s.pages.held,
+            // Released but not yet drained: not reusable yet either.
+            held: s.pages.held + s.pages.queued,
         }
     }
 
@@ -331,21 +419,40 @@ impl Rule for Kvfence {
 
     fn conservation(&self) -> Result<(), String> {
         let s = self.table.stats();
-        let orphans = self.table.take_orphaned();
-        if s.pages.total() != self.pages || s.pages.free != self.pages {
+        if let Some(bad) = self.bad_releases.first() {
             return Err(format!(
-                "kvfence pages: free {} + owned {} + held {} (capacity {})",
-                s.pages.free, s.pages.owned, s.pages.held, self.pages
+                "kvfence: {} bad releases, first: {bad}",
+                self.bad_releases.len()
+            ));
+        }
+        let mut free = self.free_pages.clone();
+        free.sort_unstable();
+        free.dedup();
+        if free.len() != self.free_pages.len() {
+            return Err(format!(
+                "kvfence pages: {} duplicate ids on the free list",
+                self.free_pages.len() - free.len()
+            ));
+        }
+        if self.free_pages.len() != self.pages
+            || s.pages.owned + s.pages.held + s.pages.queued != 0
+            || !self.live.is_empty()
+        {
+            return Err(format!(
+                "kvfence pages: free {} + owned {} + held {} + queued {} (capacity {}), {} rooms not released",
+                self.free_pages.len(),
+                s.pages.owned,
+                s.pages.held,
+                s.pages.queued,
+                self.pages,
+                self.live.len()
             ));
         }
         if s.rooms.total() != self.rooms || s.rooms.free != self.rooms {
             return Err(format!(
-                "kvfence rooms: free {} + owned {} + held {} (capacity {})",
-                s.rooms.free, s.rooms.owned, s.rooms.held, self.rooms
+                "kvfence rooms: free {} + owned {} + held {} + queued {} (capacity {})",
+                s.rooms.free, s.rooms.owned, s.rooms.held, s.rooms.queued, self.rooms
             ));
-        }
-        if !orphans.is_empty() {
-            return Err(format!("{} unexpected orphaned releases", orphans.len()));
         }
         Ok(())
     }
@@ -401,8 +508,31 @@ mod tests {
         assert_eq!(r.ack(a, 0), AckOutcome::Recorded);
         assert_eq!(r.ack(a, 0), AckOutcome::Ignored);
         assert!(r.conservation().is_err());
-        assert_eq!(r.rank_torn_down(1), vec![a]);
+        assert!(r.drain().is_empty());
+        // The fence decides the release; the scheduler's drain acts on it.
+        assert!(r.rank_torn_down(1).is_empty(), "queued, not returned");
+        assert_eq!(r.usage().free, 0, "not reusable before the drain");
+        assert!(r.open(1, &[0]).unwrap().is_none(), "pages still not free");
+        assert_eq!(r.drain(), vec![a]);
+        assert!(r.drain().is_empty(), "delivered once");
         assert_eq!(r.ack(a, 1), AckOutcome::Ignored, "late ACK after release");
+        assert!(r.conservation().is_ok());
+    }
+
+    #[test]
+    fn kvfence_last_ack_queues_and_the_drain_frees_the_same_pages() {
+        let mut r = Kvfence::new(4, 2, 2).unwrap();
+        let (a, pa) = r.open(4, &[0, 1]).unwrap().unwrap();
+        let _ = r.abort(a, &[0, 1], Instant::now());
+        assert_eq!(r.ack(a, 1), AckOutcome::Recorded);
+        assert_eq!(r.ack(a, 0), AckOutcome::Queued);
+        assert!(r.open(4, &[0]).unwrap().is_none(), "queued, not drained");
+        assert_eq!(r.drain(), vec![a]);
+        let (b, pb) = r.open(4, &[0]).unwrap().unwrap();
+        assert_eq!(pa, pb, "LIFO reuse once drained");
+        r.done(b, 0);
+        assert!(!r.finish(b), "queued");
+        assert_eq!(r.drain(), vec![b]);
         assert!(r.conservation().is_ok());
     }
 }

@@ -6,6 +6,9 @@
 //! * One decode scheduler thread: opens rooms under the release rule, sends each rank its
 //!   share of the request's pages, aborts some requests (random aborts and a waiting
 //!   timeout), finishes the others after a decode delay and verifies every page of them.
+//!   Under `kvfence` the arena's allocator is the engine's and the decode-side table gates
+//!   it (gate mode): releases are decided by ACKs and fences, queued, and each loop the
+//!   scheduler drains the release queue before it frees pages and opens new requests.
 //! * The abort protocol: decode sends ABORT to the fan-out ranks; a rank drains (drops its
 //!   queued intents for that request, waits for its in-flight writes), then sends
 //!   ABORT_ACK, which decode feeds to the rule. A fraction of queued intents slips past the
@@ -22,7 +25,7 @@ use crate::arena::Arena;
 use crate::config::{RuleKind, SimConfig};
 use crate::rng::Rng;
 use crate::rules::{self, AckOutcome, RoomId, Rule, Usage};
-use kvfence::{Config as KvConfig, RankSet, RoomHandle, RoomTable, TransferGuard};
+use kvfence::{Config as KvConfig, RoomHandle, RoomTable, TransferGuard};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::io::{IsTerminal, Write};
@@ -196,7 +199,7 @@ impl<'t> Rank<'t> {
                     return;
                 }
                 let prefill = match self.table {
-                    Some(t) => match t.open(1, &RankSet::new()) {
+                    Some(t) => match t.open(&[], 1) {
                         Ok(opened) => Some(opened.handle),
                         Err(_) => {
                             self.c.prefill_table_full += 1;
@@ -332,18 +335,36 @@ impl<'t> Rank<'t> {
         }
     }
 
+    /// The transport is gone (torn down, or the run is over): no write still in flight can
+    /// land any more, so each of those transfers is over. Its guard is completed
+    /// explicitly (dropping it would count as a failure and hold the source room until a
+    /// fence or quarantine); the rooms are still owned, so nothing is released here.
+    fn flush_inflight(&mut self) -> u64 {
+        let n = self.inflight.len() as u64;
+        for f in self.inflight.drain(..) {
+            if let Some(g) = f.guard {
+                let _ = g.complete();
+            }
+        }
+        n
+    }
+
     /// The process restarted with a new transport: everything it knew is gone.
     fn restart(&mut self, inc: u64) {
-        self.c.writes_flushed += self.inflight.len() as u64;
-        self.inflight.clear();
+        self.c.writes_flushed += self.flush_inflight();
         self.queue.clear();
         if let Some(t) = self.table {
             for r in self.reqs.values() {
                 if let Some(h) = r.prefill {
+                    // Nothing holds it any more: released at once (pool mode: its page
+                    // is back in the source pool).
                     let _ = t.abort(h);
                 }
             }
-            let _ = t.take_orphaned();
+            // Nothing should have been queued (no guard was dropped); deliver anything that
+            // was, so its page returns to the pool.
+            let mut orphans = Vec::new();
+            t.drain_released(&mut orphans);
         }
         self.reqs.clear();
         self.inc = inc;
@@ -361,7 +382,8 @@ fn rank_main(
 ) -> RankCounters {
     let rooms = cfg.rooms * 4 + 64;
     let table = if check {
-        RoomTable::new(KvConfig::new(rooms, rooms, 1)).ok()
+        // Pool mode: one source page per request, from the table's own pool.
+        RoomTable::new(KvConfig::pool(rooms, rooms)).ok()
     } else {
         None
     };
@@ -409,7 +431,10 @@ fn rank_main(
                     None => match rx.try_recv() {
                         Ok(m) => m,
                         Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => return rank.c,
+                        Err(TryRecvError::Disconnected) => {
+                            let _ = rank.flush_inflight();
+                            return rank.c;
+                        }
                     },
                 };
                 rank.handle(msg, now);
@@ -455,6 +480,8 @@ fn rank_main(
             }
         }
     }
+    // The run is over: what is still in flight never lands; end those transfers.
+    let _ = rank.flush_inflight();
     rank.c
 }
 
@@ -761,7 +788,8 @@ impl Decode<'_> {
         }
         match outcome {
             AckOutcome::Ignored => self.late_acks_ignored += 1,
-            AckOutcome::Recorded | AckOutcome::Released => {
+            // `Queued`: released, delivered by the scheduler loop's next drain.
+            AckOutcome::Recorded | AckOutcome::Released | AckOutcome::Queued => {
                 if let Some(c) = self.closing.get_mut(&m.room) {
                     if c.req != m.req {
                         self.acks_misapplied += 1;
@@ -1024,6 +1052,11 @@ fn decode_loop(
             next_progress = now + Duration::from_millis(200);
             let frac = now.duration_since(start).as_secs_f64() / open_for.as_secs_f64();
             progress.show(frac, d.completed, d.aborted, d.corrupted_requests);
+        }
+        // Releases decided elsewhere (queued): only now are their pages freed, and only
+        // then can a new request get them.
+        for room in d.rule.drain() {
+            d.released(room, now);
         }
         if d.opening {
             while d.live.len() < cfg.rooms {
