@@ -312,7 +312,15 @@ impl RoomTable {
         if state.gen() != gen || state.phase() == Phase::Free {
             return Err(self.stale());
         }
-        slot.quarantined.store(mark(gen), Ordering::Relaxed);
+        // Mark this lifecycle, unless a newer one is marked already (this call ran late:
+        // the room was released and reopened since the check above, and the stale close
+        // below will refuse): a late store must never erase a newer lifecycle's mark.
+        let _ = slot
+            .quarantined
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                let newer = cur != 0 && (((cur as u32).wrapping_sub(gen)) as i32) > 0;
+                (!newer).then_some(mark(gen))
+            });
         let mut out = None;
         match slot.word.close(gen, Phase::Aborting) {
             Ok(Step::Released(phase)) => return Ok(self.release(index, gen, phase)),

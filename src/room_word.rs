@@ -219,8 +219,9 @@ impl RoomWord {
     /// in another generation or `FREE` (a held room is never released), and no check is
     /// needed before the decrement. The decrement that takes a closing room from one hold
     /// to zero is the deciding RMW: it observes "closing, no transfer, no writer" in the
-    /// value it returns, and from that moment the word is frozen (`begin` and `close` need
-    /// `OWNED`; every other decrement needs a hold, and none is left), so the same thread
+    /// value it returns, and from that moment the word is frozen (`begin` needs `OWNED`,
+    /// `close` refuses a closing room at zero holds, every other decrement needs a hold,
+    /// and none is left), so the same thread
     /// completes the release with a plain store of `FREE`, generation + 1.
     #[inline]
     pub(crate) fn drop_hold(&self, gen: u32) -> Result<Step, Refusal> {
@@ -264,6 +265,12 @@ impl RoomWord {
         debug_assert!(to.is_closing());
         let (old, new) = self.transition(|s| {
             if s.gen() != gen || s.phase() == Phase::Free {
+                return Err(Refusal::Stale);
+            }
+            // A closing room at zero holds is being released: the `fetch_sub` of
+            // `drop_hold` decided it and its thread is about to store `FREE`. Nothing may
+            // decide it again.
+            if s.phase().is_closing() && s.holds() == 0 {
                 return Err(Refusal::Stale);
             }
             // An abort may also overtake a finish (the client left while the room drained).
@@ -338,5 +345,20 @@ mod tests {
             Ok(Step::Released(Phase::Draining))
         );
         assert_eq!(w.load(Ordering::Relaxed).gen(), 0);
+    }
+
+    /// Regression (found in review): an abort of a *draining* room must not decide a
+    /// release that the last hold's `fetch_sub` already decided (the word is then
+    /// `DRAINING, 0 holds` until that thread stores `FREE`).
+    #[test]
+    fn abort_in_the_release_gap_of_a_draining_room_decides_nothing() {
+        let w = RoomWord::new();
+        w.publish(0, 1);
+        assert_eq!(w.close(0, Phase::Draining), Ok(Step::Held));
+        // The last hold's decrement, before its thread stores FREE.
+        let old = State(w.0.fetch_sub(ONE_HOLD, Ordering::AcqRel));
+        assert_eq!((old.phase(), old.holds()), (Phase::Draining, 1));
+        assert_eq!(w.close(0, Phase::Aborting), Err(Refusal::Stale));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Draining, 0, 0));
     }
 }

@@ -97,13 +97,10 @@ fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
                 std::hint::spin_loop();
             };
             // A new request, for rank 0's new transport: the only free index is the last.
-            let room = loop {
-                match t.open(&[0], 1) {
-                    Ok(room) => break room,
-                    // Only possible if the readmit lost a race with a later fence: none here.
-                    Err(e) => panic!("run {run}: open after readmit: {e}"),
-                }
-            };
+            // Only an open refused because a later fence won a race could fail: none here.
+            let room = t
+                .open(&[0], 1)
+                .unwrap_or_else(|e| panic!("run {run}: open after readmit: {e}"));
             (room, during)
         });
         hits += usize::from(readmit_during_scan);
