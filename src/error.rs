@@ -90,8 +90,8 @@ pub enum Error {
         /// What this table is: `"gate"` or `"pool"`.
         table: &'static str,
     },
-    /// `grow` of a room in pool mode would exceed the pool, or of a room with a page list
-    /// longer than 2^31.
+    /// A gate-mode room's page list would be longer than 2^31 ids (`open_gate`,
+    /// `grow_gate`).
     TooManyPagesInRoom,
     /// The transfer token was not issued by this table, or was already ended (a second
     /// `end` of one token is refused: it never decrements twice).
@@ -99,8 +99,6 @@ pub enum Error {
     /// [`Config::max_tokens`](crate::Config::max_tokens) token-form transfers are in
     /// flight.
     TooManyTokens,
-    /// `open` of a room with zero pages.
-    NoPages,
     /// `open` asked for more pages than the whole pool has.
     TooManyPages {
         /// Pages asked for.
@@ -171,7 +169,6 @@ impl core::fmt::Display for Error {
                 "transfer token was not issued by this table, or was already ended",
             ),
             Error::TooManyTokens => f.write_str("too many token-form transfers in flight"),
-            Error::NoPages => f.write_str("a room needs at least one page"),
             Error::TooManyPages { requested, capacity } => write!(
                 f,
                 "room asks for {requested} pages but the pool only has {capacity}"

@@ -39,8 +39,8 @@
 //! returned.
 //!
 //! The test-only mutation `kvfence_unserialized_readmit` restores the old behaviour
-//! (readmit without the lock): `tests/scanner_races.rs` and the shuttle models must catch
-//! it.
+//! (readmit without the lock): `tests/scanner_races.rs` must catch it (`scripts/mutations.sh`);
+//! loom cannot (see loom-tests/README.md).
 
 use crate::error::Error;
 use crate::room_word::Phase;

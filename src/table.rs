@@ -439,7 +439,9 @@ impl RoomTable {
     /// # Errors
     /// [`Error::WrongMode`] (gate mode: [`grow_gate`](Self::grow_gate)),
     /// [`Error::RoomClosed`] once the room is closing, [`Error::StaleHandle`],
-    /// [`Error::PoolExhausted`], [`Error::InvalidHandle`].
+    /// [`Error::PoolExhausted`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`] (the
+    /// room's hold counter is full). If the room was closed while it grew and this call's
+    /// hold was its last, the release goes to the release queue.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
@@ -526,7 +528,9 @@ impl RoomTable {
     ///
     /// # Errors
     /// [`Error::RoomClosed`] once the room is closing (its pages are then the release's),
-    /// [`Error::StaleHandle`], [`Error::InvalidHandle`].
+    /// [`Error::StaleHandle`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`]. Like
+    /// `grow`, it holds the room while it copies: a release it ends up performing (the room
+    /// was closed meanwhile) goes to the release queue.
     pub fn pages_of(&self, handle: RoomHandle) -> Result<Vec<u32>, Error> {
         let mut copy = Vec::new();
         self.grow_room(handle, |list| {

@@ -1,5 +1,7 @@
 //! Real-thread stress tests of every scanner racing a lifecycle: `fence_rank` (vs
-//! `readmit_rank` + `open`, and vs `open`), `wait_released`, `wait_idle` and `stats`.
+//! `readmit_rank` + `open`, vs `open`, and vs a transfer to the fenced peer ending as
+//! failed), `wait_released`, `wait_idle`, `stats`, and the release queue's drainers vs the
+//! threads pushing releases into it.
 //!
 //! Why these exist beside the loom models: loom keeps one "last access" per atomic, so a
 //! scanner's load that races a load-then-store of the same word (open's load of the room

@@ -78,7 +78,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
             ("PoolExhausted", Attr::Int("requested", requested as u64))
         }
         Error::OutOfMemory { .. } => ("OutOfMemory", Attr::None),
-        // `NoPages` and variants added later: the base class.
+        // Variants added later (`Error` is non-exhaustive): the base class.
         _ => ("Error", Attr::None),
     };
     raise(py, class, e.to_string(), attr)
