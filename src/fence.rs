@@ -15,13 +15,16 @@
 //! **Fence vs. open (store-buffer).** `fence_rank` adds the rank, issues `fence(SeqCst)`
 //! and reads the room words; `open` publishes its room word, issues `fence(SeqCst)` and
 //! reads the fenced set. By the fences' total order at least one side sees the other: the
-//! scan finds the room and quiesces `r` in it, or `open` sees the rank. `open` then rolls the room
-//! back and refuses with [`Error::RankFenced`] (it never hands out a room that was opened
-//! while one of its writers was fenced: the caller could route that room's writes to the
-//! rank's next incarnation once it is re-admitted). Both may happen; the rollback tolerates
-//! the scan's quiesce (a duplicate), the scan tolerates the rollback (a stale room), and
-//! whichever of them performs the rolled-back room's release does not report it (no handle
-//! was issued for it: see `RoomTable::release`).
+//! scan finds the room and quiesces `r` in it, or `open` sees the rank. `open` then checks
+//! two things before it hands the room out: no writer is fenced now, and every writer is
+//! still pending (nobody else has the handle, so a writer already quiesced was quiesced by a
+//! fence that came and was re-admitted while `open` ran). If either fails it rolls the room
+//! back and refuses with [`Error::RankFenced`]: a room is never handed out that a fence
+//! touched before `open` returned, because the caller would route its writes to the rank's
+//! *current* transport, which may be the next incarnation. Both sides may act; the rollback
+//! tolerates the scan's quiesce (a duplicate), the scan tolerates the rollback (a stale
+//! room), and whichever performs the rolled-back room's release does not report it (no
+//! handle was issued for it: see `RoomTable::release`).
 //!
 //! **Fence vs. readmit.** Without more, `readmit_rank(r)` clearing the bit while a scan
 //! for `r` is still running lets a room opened *after* the readmit (which waits on `r`'s
@@ -32,11 +35,14 @@
 //! fence. Both calls are cold (a transport failure, a process restart); the lock is held for
 //! one scan of the table. `open` and every hot-path call never take it.
 //!
-//! The contract this gives (also on [`RoomTable::fence_rank`]): a room returned by `open`
-//! waits on each of its writer ranks until that rank quiesces it, or until a `fence_rank`
-//! of the rank that *begins after the room's `open` returned* (or overlaps it) reaches it;
-//! a fence never touches a room whose `open` began after the rank's `readmit_rank`
-//! returned.
+//! The contract this gives (also on [`RoomTable::fence_rank`]): when `open` returns a room,
+//! every writer rank is pending in it and no fence has touched it; from then on it waits on
+//! each writer until that rank quiesces it or a later `fence_rank` of the rank reaches it.
+//! So the caller sends the request over each rank's transport *as it is when `open`
+//! returned* (a fence may have come and gone meanwhile: the new incarnation is the one the
+//! room waits on), and after a `fence_rank(r)` it never routes a room opened before it to
+//! `r`'s next incarnation. These rules were checked exhaustively on a small instance by the
+//! SPIN model in `verify/spin/` (its variants reproduce both pre-fix races).
 //!
 //! The test-only mutation `kvfence_unserialized_readmit` restores the old behaviour
 //! (readmit without the lock): `tests/scanner_races.rs` must catch it (`scripts/mutations.sh`);
@@ -144,10 +150,12 @@ impl RoomTable {
     /// # Contract with `open` and `readmit_rank`
     /// * Every room whose `open` returned before this call began has `rank` quiesced when
     ///   it returns. An `open` that overlaps it either is refused with
-    ///   [`Error::RankFenced`] or returns a room in which `rank` is quiesced.
-    /// * A room whose `open` began after `readmit_rank(rank)` returned is never touched by
-    ///   an earlier fence: route its writes to the rank's new transport safely. Never route
-    ///   a room opened before the fence to the rank's next incarnation: open a new room.
+    ///   [`Error::RankFenced`] or returns a room in which `rank` is quiesced by this call
+    ///   (the fence counts as later than that open).
+    /// * A room that `open` returned was touched by no fence before it returned: send its
+    ///   request over each writer's transport as it is when `open` returned (after a
+    ///   `readmit_rank`, the new one). Never route a room opened before a fence to the
+    ///   rank's next incarnation: open a new room.
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::TooManyFenced`].

@@ -413,6 +413,20 @@ impl RoomTable {
             self.roll_back(index, gen);
             return Err(Error::RankFenced { rank });
         }
+        // A fence may also have come *and gone* while we ran: its scan saw our published
+        // room and quiesced the rank in it, then `readmit_rank` removed the rank before our
+        // check above. Nobody else has our handle, so a writer that is no longer pending was
+        // quiesced by such a fence: the room must not be handed out either (its writes would
+        // go to the rank's new incarnation while the room no longer waits on it).
+        if slot.writers.pending_positions(gen).count() != writers.len() {
+            let pending: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
+                slot.writers.pending_positions(gen).collect();
+            let rank = (0..writers.len())
+                .find(|p| !pending.contains(p))
+                .map_or(writers[0], |p| writers[p]);
+            self.roll_back(index, gen);
+            return Err(Error::RankFenced { rank });
+        }
         Ok(self.handle(index, gen))
     }
 
