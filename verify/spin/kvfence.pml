@@ -314,6 +314,7 @@ inline quiesce_in(i, qg, r) {
               :: (mpend[i] & B(r)) == 0 -> res = DUP
               :: else ->
                  mpend[i] = mpend[i] & ~B(r);
+                 printf("rank %d's pending bit cleared in room %d gen %d\n", r, i, qg);
                  if
                  :: mpend[i] == 0 -> res = LAST
                  :: else -> res = BITCLR
@@ -380,7 +381,10 @@ proctype Opener() {
        /* open(n pages, writers w): the up-front check of the fenced bits */
        atomic {
            opens++;
-           if :: w = 1 :: w = 0
+           if :: w = 1
+#ifndef NO_EMPTY_WRITERS
+              :: w = 0
+#endif
 #ifndef NO_RANK1
               :: w = 3
 #endif
