@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Model checks of kvfence's protocol.
+#
+#   SPIN (verify/spin/kvfence.pml): the correct model must pass every configuration with
+#   0 errors; each must-fail variant must produce an error and a trail (whose story is
+#   printed). Prints a summary table: states stored, transitions, depth, memory, time.
+#
+# Needs spin and gcc. If spin is missing it runs `apt-get update && apt-get install -y
+# spin`; if that fails it prints a NOTICE and exits 0 (the checks are skipped, not failed).
+# Exit status: non-zero if the correct model fails a check or a variant fails to fail.
+#
+# Environment: SPIN_MEMLIM (MB, default 3000) bounds each verifier's memory.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODEL="$PWD/verify/spin/kvfence.pml"
+MEMLIM="${SPIN_MEMLIM:-3000}"
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+# ---------------------------------------------------------------- SPIN
+step "SPIN model of the release protocol (verify/spin/kvfence.pml)"
+if ! command -v spin >/dev/null 2>&1; then
+    echo "spin not found: trying apt-get install -y spin"
+    sudo=""
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; fi
+    if ! { $sudo apt-get update && $sudo apt-get install -y spin; } >/dev/null 2>&1 \
+        || ! command -v spin >/dev/null 2>&1; then
+        echo "NOTICE: spin is not installed and could not be installed: SPIN checks skipped"
+        exit 0
+    fi
+fi
+if ! command -v gcc >/dev/null 2>&1; then
+    echo "NOTICE: gcc not found: SPIN checks skipped"
+    exit 0
+fi
+spin -V
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+rows=()
+failed=0
+
+# check NAME EXPECT(pass|fail) MODE(safety|liveness) SPIN_FLAGS...
+check() {
+    local name="$1" expect="$2" mode="$3"
+    shift 3
+    local dir="$work/$name"
+    mkdir -p "$dir"
+    cp "$MODEL" "$dir/kvfence.pml"
+    # Must-fail runs stop at their first error: compile them fast (-O0), small hash table.
+    local cflags=(-w -DCOLLAPSE "-DMEMLIM=$MEMLIM") panflags=(-m200000)
+    if [ "$expect" = pass ]; then cflags+=(-O1); panflags+=(-w24); else cflags+=(-O0); panflags+=(-w20); fi
+    if [ "$mode" = liveness ]; then
+        cflags+=(-DNFAIR=3)
+        panflags+=(-a -f)
+    else
+        cflags+=(-DSAFETY)
+    fi
+    echo
+    echo "--- $name: expect $expect ($mode), spin flags: $*"
+    local t0 t1
+    t0=$(date +%s.%N)
+    (
+        cd "$dir"
+        spin "$@" -a kvfence.pml >spin.out 2>&1 || { cat spin.out; exit 1; }
+        gcc "${cflags[@]}" -o pan pan.c
+        ./pan "${panflags[@]}" >pan.out 2>&1 || true
+    ) || { echo "generation or compilation failed"; failed=1; rows+=("$name|$expect|-|-|-|-|-|-|BUILD FAILED"); return; }
+    t1=$(date +%s.%N)
+    local out="$dir/pan.out"
+    local errors states trans depth mem secs wall verdict
+    errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | head -1)
+    states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | head -1)
+    trans=$(sed -n 's/^ *\([0-9.e+]*\) transitions.*/\1/p' "$out" | head -1)
+    depth=$(sed -n 's/.*depth reached \([0-9]*\).*/\1/p' "$out" | head -1)
+    mem=$(sed -n 's/^ *\([0-9.]*\)[[:space:]]*total actual memory usage.*/\1/p' "$out" | head -1)
+    secs=$(sed -n 's/^pan: elapsed time \([0-9.e+-]*\) seconds.*/\1/p' "$out" | head -1)
+    wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    grep -E "violated|acceptance cycle|invalid end state|error:|MEMLIM|depth too small" "$out" | head -5 || true
+    if grep -qE "MEMLIM|out of memory|depth too small" "$out"; then
+        verdict="INCOMPLETE"
+    elif [ "$expect" = pass ]; then
+        if [ "${errors:-x}" = 0 ]; then verdict="pass (0 errors)"; else verdict="FAILED (${errors:-?} errors)"; fi
+    else
+        if [ "${errors:-0}" != 0 ] && [ -s "$dir/kvfence.pml.trail" ]; then
+            verdict="counterexample (as required)"
+            echo "  trail (spin -t, the model's printf story):"
+            (cd "$dir" && spin "$@" -t kvfence.pml 2>&1) \
+                | grep -vE '^ltl |^Never claim|^[[:space:]]*$|^#processes|^[[:space:]]+[a-z_]+(\[[0-9]+\])? = |^[0-9]+:[[:space:]]+proc|processes created' \
+                | sed 's/^[[:space:]]*/    /' | head -40
+        else
+            verdict="NO COUNTEREXAMPLE"
+        fi
+    fi
+    case "$verdict" in pass*|counterexample*) ;; *) failed=1 ;; esac
+    echo "  -> $verdict"
+    rows+=("$name|$expect|${states:-?}|${trans:-?}|${depth:-?}|${mem:-?}|${secs:-?}|$wall|$verdict")
+    rm -f "$dir"/pan "$dir"/pan.[bchmpt] "$dir"/pan.out "$dir"/*.trail "$dir"/_spin_nvr.tmp
+}
+
+# The correct model. The whole protocol at NOPEN=2 with every process is too large for
+# this budget, so three safety scopes cover it (see verify/spin/README.md).
+check reuse            pass safety   -DNOPEN=2 -DNO_FENCE
+check fence-reuse      pass safety   -DNOPEN=2 -DNREPLAY=0 -DNXFER=0 -DNO_RANK1
+check all-one-open     pass safety   -DNOPEN=1 -DNP=3 -DMAXN=2 -DALL_WRITER_SETS
+check live-one-open    pass liveness -DLIVENESS -DNOPEN=1
+check live-reuse       pass liveness -DLIVENESS -DNOPEN=2 -DNO_FENCE -DNREPLAY=0
+# Must-fail variants.
+check NAIVE_RELEASE      fail safety   -DNOPEN=1 -DNAIVE_RELEASE
+check READMIT_RACE       fail safety   -DNOPEN=1 -DREADMIT_RACE
+check SEND_AT_RETURN     fail safety   -DNOPEN=1 -DSEND_AT_RETURN
+check SKIP_ACK_GEN_CHECK fail safety   -DNOPEN=2 -DNO_FENCE -DSKIP_ACK_GEN_CHECK
+check RELOAD_DROP        fail safety   -DNOPEN=1 -DRELOAD_DROP
+check NO_OPEN_RECHECK    fail liveness -DLIVENESS -DNOPEN=1 -DNO_OPEN_RECHECK
+
+echo
+echo "SPIN summary ($(nproc) cores; memory = pan's total actual memory usage; search = pan's"
+echo "elapsed time; wall = generate + compile + search (+ trail replay))"
+printf '%-19s %-6s %12s %12s %6s %9s %9s %7s  %s\n' \
+    run expect states transitions depth "mem(MB)" "search(s)" "wall(s)" result
+for row in "${rows[@]}"; do
+    IFS='|' read -r n e s t d m x w v <<<"$row"
+    printf '%-19s %-6s %12s %12s %6s %9s %9s %7s  %s\n' "$n" "$e" "$s" "$t" "$d" "$m" "$x" "$w" "$v"
+done
+if [ "$failed" -ne 0 ]; then
+    echo "SPIN: FAILED (the correct model failed a check, or a variant did not fail)"
+    exit 1
+fi
+echo "SPIN: all checks as expected"
+
+# shuttle suite: added by the main line
