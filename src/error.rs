@@ -161,8 +161,12 @@ impl core::fmt::Display for Error {
             ),
             Error::WrongMode { table } => write!(
                 f,
-                "this is a {table}-mode table: use {} instead",
-                if table == "gate" { "open_gate" } else { "open" }
+                "this is a {table}-mode table: use {}",
+                if table == "gate" {
+                    "open_gate / grow_gate (the engine passes its page ids)"
+                } else {
+                    "open / grow (the table's pool hands out pages)"
+                }
             ),
             Error::TooManyPagesInRoom => f.write_str("the room cannot take that many more pages"),
             Error::InvalidToken => f.write_str(
