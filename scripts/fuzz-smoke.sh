@@ -5,10 +5,16 @@
 #   scripts/fuzz-smoke.sh --mutations     # only the mutation check
 #   scripts/fuzz-smoke.sh --fuzz          # only the fuzz smoke
 #
-# 1. Mutation check (stable toolchain): builds tests/prop_ops.rs with each test-only
-#    mutation of the library (`--cfg kvfence_naive_release`, `--cfg
-#    kvfence_skip_ack_gen_check`) and requires the comparison with the reference model to
-#    FAIL. Exits 1 if a mutated build passes (the tests could not see the bug).
+# 1. Mutation check (stable toolchain): builds tests/prop_ops.rs with each sequential
+#    test-only mutation of the library (`--cfg kvfence_naive_release`: abort frees at once;
+#    `kvfence_skip_ack_gen_check`: ACKs ignore the generation;
+#    `kvfence_failed_counts_as_drained`: a failed transfer drops its hold;
+#    `kvfence_quarantine_frees_pages`: a quarantined room's pages go back) and requires the
+#    comparison with the reference model to FAIL. Exits 1 if a mutated build passes (the
+#    tests could not see the bug). Each mutation builds in its own target directory
+#    (`$CARGO_TARGET_DIR/mutants/<cfg>`), so a rerun rebuilds nothing. The two concurrent
+#    mutations (`kvfence_unserialized_readmit`, `kvfence_racy_queue_pop`) need threads: a
+#    sequential model cannot see them (scripts/mutations.sh and the loom/shuttle models do).
 # 2. Fuzz smoke: if `cargo +nightly` exists (and cargo-fuzz, which is installed from
 #    crates.io when missing), runs each target in fuzz/ for FUZZ_SMOKE_SECS (default 30)
 #    seconds, starting from the committed seed corpus in a scratch directory (the committed
@@ -28,11 +34,12 @@ notice() { printf '\n*** NOTICE: %s ***\n\n' "$*"; }
 
 mutation_check() {
     local target="${CARGO_TARGET_DIR:-$ROOT/target}/mutants"
-    for cfg in kvfence_naive_release kvfence_skip_ack_gen_check; do
+    for cfg in kvfence_naive_release kvfence_skip_ack_gen_check \
+        kvfence_failed_counts_as_drained kvfence_quarantine_frees_pages; do
         echo "== mutation check: --cfg $cfg must make tests/prop_ops.rs fail"
         local log
         log=$(mktemp)
-        CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
+        CARGO_TARGET_DIR="$target/$cfg" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
             KVFENCE_PROP_CASES=${KVFENCE_PROP_CASES:-10000} \
             cargo test --test prop_ops -- --test-threads=1 >"$log" 2>&1
         local rc=$?

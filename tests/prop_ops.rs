@@ -1,7 +1,10 @@
 //! Stable property test: random operation sequences applied to the library and to the
 //! sequential reference model in `tests/model/`, compared after every step, with the
-//! invariants (page conservation, no page in two rooms, each release reported exactly
-//! once, no reuse while held) checked after every step and after a final drain.
+//! invariants (occupancy and counters equal the model's, page conservation, no page in two
+//! rooms, each release delivered exactly once, no reuse while held, failed transfers held
+//! until their peer is fenced or the room quarantined, quarantined pool pages never reused)
+//! checked after every step and after a final drain. Both modes (pool, gate) and the
+//! release queue on and off are drawn per case.
 //!
 //! The same generator and checker run under `cargo fuzz` (`fuzz/fuzz_targets/ops.rs`);
 //! here the bytes come from a seeded SplitMix64, so CI needs no nightly toolchain.
@@ -77,7 +80,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 
 /// The bytes of case `seed`: enough for the setup and `MAX_OPS` operations.
 fn case(seed: u64) -> (Setup, Vec<Op>) {
-    let bytes = SplitMix(seed).bytes(MAX_OPS * 24 + 8);
+    let bytes = SplitMix(seed).bytes(MAX_OPS * 32 + 16);
     decode(&bytes, MAX_OPS)
 }
 
@@ -119,50 +122,135 @@ fn ops_match_the_reference_model() {
 }
 
 /// Regression cases, each a fixed sequence that once mattered (or pins a rule the model
-/// must agree with). Each would fail if the library and model disagreed on it.
+/// must agree with). Each would fail if the library and model disagreed on it; the comment
+/// names the test-only mutation each one catches.
 #[test]
 fn regressions() {
-    let setup = |rooms, pages, ranks| Setup::from_sizes(rooms, pages, ranks);
-    // Abort with a transfer in flight and a pending rank: held until both end; the guard's
-    // drop releases it through take_orphaned. (The naive-release mutation fails here.)
+    // A room of writer rank 1 (`width: 1, seed: 1` picks `RANKS[1]`).
+    let open = |pages, token| Op::Open {
+        kind: 1,
+        width: 1,
+        seed: 1,
+        pages,
+        token,
+    };
+    // Abort with a transfer in flight and a pending rank: held until both end.
+    // (kvfence_naive_release: abort frees at once.)
     let held = [
-        Op::Open {
-            pages: 3,
-            width: 1,
-            mask: 0,
-            extra: 1,
+        open(3, 0),
+        Op::Begin {
+            room: 0,
+            peer: 0,
+            form: 0,
         },
-        Op::Begin { room: 0 },
         Op::Abort { room: 0 },
         Op::Quiesce { room: 0, rank: 1 },
-        Op::DropGuard { guard: 0 },
-        Op::TakeOrphaned,
+        Op::End { guard: 0, how: 0 },
     ];
-    run_case(setup(1, 4, 2), &held).unwrap();
-    // A late ACK from a released lifecycle after the index was reused.
+    run_case(Setup::pool(1, 4, false), &held).unwrap();
+    // A late ACK from a released lifecycle after the index was reused: `room: 0x81` is the
+    // first lifecycle (stale), `rank: 3` one of its writers (rank 1, also in the new room).
+    // (kvfence_skip_ack_gen_check.)
     let late_ack = [
-        Op::Open {
-            pages: 1,
-            width: 1,
-            mask: 0,
-            extra: 1,
-        },
+        open(1, 1),
         Op::Abort { room: 0 },
         Op::Drain { room: 0 },
-        Op::Open {
-            pages: 1,
-            width: 1,
-            mask: 0,
-            extra: 1,
-        },
-        Op::Quiesce {
-            room: 0x80,
-            rank: 0,
-        },
+        open(1, 2),
         Op::Quiesce {
             room: 0x81,
-            rank: 0,
+            rank: 3,
+        },
+        Op::Quiesce {
+            room: 0x82,
+            rank: 3,
         },
     ];
-    run_case(setup(1, 2, 1), &late_ack).unwrap();
+    run_case(Setup::pool(1, 2, false), &late_ack).unwrap();
+    run_case(Setup::gate(1, true), &late_ack).unwrap();
+    // A failed transfer to peer 1 holds the aborted room after every ACK, until rank 1 is
+    // fenced. (kvfence_failed_counts_as_drained.)
+    let failed = [
+        open(2, 9),
+        Op::Begin {
+            room: 0,
+            peer: 1,
+            form: 1,
+        },
+        Op::End { guard: 0, how: 2 },
+        Op::Abort { room: 0 },
+        Op::Drain { room: 0 },
+        Op::Status { room: 0 },
+        Op::Fence { rank: 0 },
+    ];
+    run_case(Setup::gate(1, false), &failed).unwrap();
+    run_case(Setup::pool(2, 8, true), &failed).unwrap();
+    // Quarantine: the release says Quarantined and the pool pages never come back, so the
+    // next open of the whole pool is refused. (kvfence_quarantine_frees_pages.)
+    let quarantined = [
+        open(2, 0),
+        Op::Quarantine { room: 0 },
+        open(4, 0),
+        Op::DrainReleased,
+    ];
+    run_case(Setup::pool(1, 4, false), &quarantined).unwrap();
+    run_case(Setup::pool(1, 4, true), &quarantined).unwrap();
+    // A guard dropped on a quarantined room: its release has no caller and is queued even
+    // without a release queue; the room index comes back only when it is drained.
+    let dropped = [
+        open(2, 5),
+        Op::Begin {
+            room: 0,
+            peer: 0,
+            form: 2,
+        },
+        Op::Quarantine { room: 0 },
+        Op::End { guard: 0, how: 3 },
+        open(1, 6),
+        Op::WaitReleased {
+            room: 0x81,
+            timed: true,
+        },
+        Op::Pop,
+        open(1, 7),
+    ];
+    run_case(Setup::gate(1, false), &dropped).unwrap();
+    run_case(Setup::pool(1, 4, false), &dropped).unwrap();
+    // Token form: end twice, forged tokens, a token failed with its peer already fenced.
+    let tokens = [
+        open(2, 3),
+        Op::Begin {
+            room: 0,
+            peer: 1,
+            form: 4,
+        },
+        Op::EndToken {
+            token: 0,
+            how: 5,
+            wire: 0,
+        },
+        Op::EndToken {
+            token: 0,
+            how: 3,
+            wire: 0,
+        },
+        Op::EndToken {
+            token: 3,
+            how: 4,
+            wire: 77,
+        },
+        Op::Begin {
+            room: 0,
+            peer: 1,
+            form: 4,
+        },
+        Op::Fence { rank: 1 },
+        Op::EndToken {
+            token: 0,
+            how: 2,
+            wire: 0,
+        },
+        Op::Finish { room: 0 },
+    ];
+    run_case(Setup::gate(2, false), &tokens).unwrap();
+    run_case(Setup::pool(2, 8, true), &tokens).unwrap();
 }
