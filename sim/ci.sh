@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI check for kvfence-sim: a short repro and a short default simulation, results checked.
+# CI check for kvfence-sim: a short repro, a short default simulation (every rule) and a
+# short soak, results checked.
 # Usage: bash sim/ci.sh   (from anywhere; uses $CARGO_TARGET_DIR if set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,14 @@ RC=$?
 set -e
 echo "simulation exit status: $RC"
 
-python3 - "$TMP/repro.json" "$TMP/run.json" "$TMP/plot.svg" "$RC" <<'PY'
+echo "== kvfence-sim soak --requests 20000 --json"
+set +e
+"$BIN" soak --requests 20000 --json --no-progress > "$TMP/soak.json"
+SRC=$?
+set -e
+echo "soak exit status: $SRC"
+
+python3 - "$TMP/repro.json" "$TMP/run.json" "$TMP/plot.svg" "$RC" "$TMP/soak.json" "$SRC" <<'PY'
 import json, sys
 repro = json.load(open(sys.argv[1]))
 run = json.load(open(sys.argv[2]))
@@ -44,6 +52,22 @@ check("run kvfence conserves pages", s["kvfence"]["conservation_ok"], str(s["kvf
 check("run kvfence completes requests", s["kvfence"]["completed"] > 0, str(s["kvfence"]["completed"]))
 check("run exit status 0", rc == 0, str(rc))
 check("plot has a panel per rule", svg.count("<polyline") == 3 * len(run["rules"]), "")
+want = ["naive", "timeout", "sglang", "vllm", "acks-only", "kvfence"]
+check("run has every named rule", [x["rule"] for x in run["rules"]] == want, str([x["rule"] for x in run["rules"]]))
+for x in run["rules"]:
+    c = x["held_by_cause_mean"]
+    tot = c["slow_ack"] + c["in_flight"] + c["dead_rank"] + c["failed"]
+    check(f'{x["rule"]}: held-cause split sums to held pages', x["cause_mismatches"] == 0 and abs(tot - x["held_pages_mean"]) < 0.01,
+          f'{tot:.3f} vs {x["held_pages_mean"]}, {x["cause_mismatches"]} samples off')
+check("run kvfence counts failed transfers", "failed_transfers" in s["kvfence"] and "quarantined_rooms" in s["kvfence"], "")
+check("run has rank deaths (the fence path ran)", s["kvfence"]["rank_deaths"] > 0, str(s["kvfence"]["rank_deaths"]))
+soak = json.load(open(sys.argv[5]))
+sr = soak["result"]["rules"][0]
+check("soak exit status 0", int(sys.argv[6]) == 0, sys.argv[6])
+check("soak kvfence 0 corrupted", sr["corrupted_requests"] == 0, str(sr["corrupted_requests"]))
+check("soak exact page conservation", sr["conservation_ok"], str(sr["conservation_error"]))
+check("soak ran every request", sr["opened"] == soak["requests"] and sr["completed"] + sr["aborted"] == sr["opened"],
+      f'{sr["opened"]} opened, {sr["completed"]} + {sr["aborted"]}')
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
@@ -52,6 +76,8 @@ echo "== bad flags exit 2"
 set +e
 "$BIN" --fan-in 99 >/dev/null 2>&1; A=$?
 "$BIN" --bogus >/dev/null 2>&1; B=$?
+"$BIN" --preset nope >/dev/null 2>&1; C=$?
+"$BIN" soak --rules naive >/dev/null 2>&1; D=$?
 set -e
-if [ "$A" != 2 ] || [ "$B" != 2 ]; then echo "FAIL: bad flags exit $A/$B, want 2"; exit 1; fi
+if [ "$A" != 2 ] || [ "$B" != 2 ] || [ "$C" != 2 ] || [ "$D" != 2 ]; then echo "FAIL: bad flags exit $A/$B/$C/$D, want 2"; exit 1; fi
 echo "ok   bad flags exit 2"

@@ -7,30 +7,63 @@ use std::time::Duration;
 pub enum RuleKind {
     /// Free pages at abort (what peers did before the fix).
     Naive,
-    /// Wait for every ACK, but release anyway after `--timeout-ms` (what peers do now).
+    /// Wait for every ACK, but release anyway after the short `--timeout-ms`; a dead rank's
+    /// rooms are freed when the failure detector fires.
     Timeout,
+    /// SGLang's rule: deferred release, "releasing anyway" after 30 s (`--sglang-timeout-s`);
+    /// a dead rank's rooms are freed when the heartbeat detector fires.
+    Sglang,
+    /// vLLM NIXL's rule: blocks freed after `VLLM_NIXL_ABORT_REQUEST_TIMEOUT` (480 s,
+    /// `--vllm-timeout-s`); a dead rank's rooms are freed when the detector fires.
+    Vllm,
+    /// The same messages as kvfence (wait for every ACK, free a dead rank's rooms only after
+    /// its teardown, no timer) but plain slot bookkeeping: the baseline for kvfence's overhead.
+    AcksOnly,
     /// The kvfence library.
     Kvfence,
 }
 
 impl RuleKind {
     /// All rules, in display order.
-    pub const ALL: [RuleKind; 3] = [RuleKind::Naive, RuleKind::Timeout, RuleKind::Kvfence];
+    pub const ALL: [RuleKind; 6] = [
+        RuleKind::Naive,
+        RuleKind::Timeout,
+        RuleKind::Sglang,
+        RuleKind::Vllm,
+        RuleKind::AcksOnly,
+        RuleKind::Kvfence,
+    ];
+
+    /// The rules of the forced reproducer (the peers' long timeouts would only add waiting).
+    pub const REPRO: [RuleKind; 3] = [RuleKind::Naive, RuleKind::Timeout, RuleKind::Kvfence];
 
     /// The rule's name on the command line and in output.
     pub fn name(self) -> &'static str {
         match self {
             RuleKind::Naive => "naive",
             RuleKind::Timeout => "timeout",
+            RuleKind::Sglang => "sglang",
+            RuleKind::Vllm => "vllm",
+            RuleKind::AcksOnly => "acks-only",
             RuleKind::Kvfence => "kvfence",
         }
+    }
+
+    /// Whether the rule frees a dead rank's rooms when the failure detector fires (without
+    /// teardown proof) and a failed transfer's room at once, as the peers do.
+    pub fn trusts_detector(self) -> bool {
+        matches!(self, RuleKind::Timeout | RuleKind::Sglang | RuleKind::Vllm)
     }
 
     fn parse(s: &str) -> Result<RuleKind, String> {
         RuleKind::ALL
             .into_iter()
             .find(|r| r.name() == s)
-            .ok_or_else(|| format!("unknown rule '{s}' (expected naive, timeout or kvfence)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown rule '{s}' (expected naive, timeout, sglang, vllm, acks-only or kvfence)"
+                )
+            })
     }
 }
 
@@ -88,8 +121,34 @@ pub struct SimConfig {
     pub abort_retry_ms: u64,
     /// A prefill rank dies (stops answering) every this often; 0 = never.
     pub death_period_ms: u64,
-    /// Grace period from a rank's death to the teardown of its transport.
+    /// Grace period from a rank's death to the teardown of its transport (no write of the
+    /// dead incarnation lands afterwards; kvfence fences the rank then).
     pub teardown_ms: u64,
+    /// Dead-rank detection time (the engine's failure detector); `None`: derived from the
+    /// heartbeat settings and `time_scale`.
+    pub detect_ms: Option<u64>,
+    /// The peers' control-plane times (heartbeat, 30 s / 480 s timeouts) are divided by this
+    /// to fit a run of seconds; the data plane (queueing, transfers, ACK delays) is not.
+    pub time_scale: f64,
+    /// SGLang's heartbeat interval, s (`SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL`, 5.0).
+    pub heartbeat_s: f64,
+    /// SGLang's heartbeat failures before a prefill is marked dead
+    /// (`SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE`, 2).
+    pub heartbeat_failures: u32,
+    /// `sglang` rule: deferred releases "release anyway" after this, s (30).
+    pub sglang_timeout_s: f64,
+    /// `vllm` rule: `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, s (480).
+    pub vllm_timeout_s: f64,
+    /// Probability that a chunk's write fails (the transfer engine returns an error); the
+    /// bytes may still land later (`fail_lands`).
+    pub fail_rate: f64,
+    /// Probability that a failed write's bytes still land (before the rank's teardown).
+    pub fail_lands: f64,
+    /// A room held by a failed transfer is quarantined after this (its pages leave
+    /// circulation until every rank it waited on has been torn down).
+    pub quarantine_ms: u64,
+    /// Stop opening requests after this many (`soak`); `None`: open for `seconds`.
+    pub max_requests: Option<u64>,
     /// kvfence rule: prefill ranks check each intent with `begin_transfer` before writing.
     pub prefill_check: bool,
     /// Random seed.
@@ -127,6 +186,16 @@ impl Default for SimConfig {
             abort_retry_ms: 20,
             death_period_ms: 1500,
             teardown_ms: 300,
+            detect_ms: None,
+            time_scale: 100.0,
+            heartbeat_s: 5.0,
+            heartbeat_failures: 2,
+            sglang_timeout_s: 30.0,
+            vllm_timeout_s: 480.0,
+            fail_rate: 0.00002,
+            fail_lands: 0.5,
+            quarantine_ms: 50,
+            max_requests: None,
             prefill_check: true,
             seed: 1,
             progress: true,
@@ -147,7 +216,63 @@ impl SimConfig {
         self.ack_late = 0.0;
         self.stale_intent_rate = 0.0;
         self.death_period_ms = 0;
+        self.fail_rate = 0.0;
         self.wait_timeout_ms = 3_600_000;
+    }
+
+    /// `--preset production`: settings that mirror a production deployment (see `--help`).
+    pub fn production(&mut self) {
+        self.prefill_ranks = 8;
+        self.fan_in = 2;
+        self.queue_us = 4000;
+        self.transfer_us = 3000;
+        self.decode_us = 3000;
+        self.abort_rate = 0.01;
+        self.ack_drop = 0.001;
+        self.ack_dup = 0.01;
+        self.ack_late = 0.001;
+        self.stale_intent_rate = 0.02;
+        self.death_period_ms = 2500;
+        self.fail_rate = 0.00001;
+        self.wait_timeout_ms = 200;
+    }
+
+    /// The `soak` command's defaults: the full fault mix with the data-plane delays cut to
+    /// what the faults need (a write can still be in flight at an abort or a death).
+    pub fn soak(&mut self) {
+        self.rules = vec![RuleKind::Kvfence];
+        self.queue_us = 0;
+        self.transfer_us = 200;
+        self.decode_us = 0;
+        self.ack_delay_us = 200;
+        self.late_ms = 5;
+        self.abort_retry_ms = 5;
+        self.wait_timeout_ms = 50;
+        self.death_period_ms = 300;
+        self.detect_ms = Some(10);
+        self.teardown_ms = 30;
+        self.quarantine_ms = 10;
+        self.fail_rate = 0.0002;
+        self.max_requests = Some(10_000_000);
+    }
+
+    /// Dead-rank detection time in this run.
+    pub fn detect(&self) -> Duration {
+        match self.detect_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_secs_f64(
+                self.heartbeat_s * f64::from(self.heartbeat_failures) / self.time_scale,
+            ),
+        }
+    }
+
+    /// The release timeout of `kind` in this run (the peers' compressed by `time_scale`).
+    pub fn timeout_for(&self, kind: RuleKind) -> Duration {
+        match kind {
+            RuleKind::Sglang => Duration::from_secs_f64(self.sglang_timeout_s / self.time_scale),
+            RuleKind::Vllm => Duration::from_secs_f64(self.vllm_timeout_s / self.time_scale),
+            _ => self.timeout(),
+        }
     }
 
     /// Checks that the configuration can run.
@@ -218,6 +343,8 @@ impl SimConfig {
             ("--ack-dup", self.ack_dup),
             ("--ack-late", self.ack_late),
             ("--stale-intent-rate", self.stale_intent_rate),
+            ("--fail-rate", self.fail_rate),
+            ("--fail-lands", self.fail_lands),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 return Err(format!("{name} must be a probability in [0, 1], got {p}"));
@@ -225,6 +352,32 @@ impl SimConfig {
         }
         if self.ack_drop >= 1.0 {
             return Err("--ack-drop 1 would drop every ACK forever".into());
+        }
+        if !(self.time_scale >= 1.0 && self.time_scale <= 1e6) {
+            return Err(format!(
+                "--time-scale must be in [1, 1000000], got {}",
+                self.time_scale
+            ));
+        }
+        if !(self.heartbeat_s > 0.0 && self.heartbeat_s <= 3600.0) || self.heartbeat_failures == 0 {
+            return Err("--heartbeat-s must be in (0, 3600] and --heartbeat-failures >= 1".into());
+        }
+        for (name, v) in [
+            ("--sglang-timeout-s", self.sglang_timeout_s),
+            ("--vllm-timeout-s", self.vllm_timeout_s),
+        ] {
+            if !(v > 0.0 && v <= 86400.0) {
+                return Err(format!("{name} must be in (0, 86400], got {v}"));
+            }
+        }
+        if self.detect() > Duration::from_secs(600) {
+            return Err("dead-rank detection above 600 s of wall time: raise --time-scale".into());
+        }
+        if self.quarantine_ms == 0 {
+            return Err("--quarantine-ms must be positive".into());
+        }
+        if self.max_requests == Some(0) {
+            return Err("--requests must be at least 1".into());
         }
         if self.abort_retry_ms == 0 || self.wait_timeout_ms == 0 {
             return Err("--abort-retry-ms and --wait-timeout-ms must be positive".into());
@@ -261,12 +414,19 @@ pub enum Command {
         /// Print JSON.
         json: bool,
     },
-    /// naive vs kvfence throughput with `--no-delay`.
+    /// Throughput of several rules, interleaved rounds (`--no-delay` unless `--faults`).
     Bench {
-        /// Settings (no-delay applied).
+        /// Settings (no-delay applied unless `--faults`).
         cfg: SimConfig,
         /// Interleaved rounds.
         rounds: usize,
+        /// Print JSON.
+        json: bool,
+    },
+    /// `soak`: kvfence under the full fault mix for `cfg.max_requests` requests.
+    Soak {
+        /// Settings (soak defaults, then flags).
+        cfg: SimConfig,
         /// Print JSON.
         json: bool,
     },
@@ -275,18 +435,39 @@ pub enum Command {
 /// Usage text.
 pub const USAGE: &str = "\
 kvfence-sim: prefill ranks write real bytes into a decode page arena while the decode side
-aborts requests; compares release rules (naive, timeout, kvfence) and verifies every byte.
+aborts requests; compares release rules and verifies every byte.
 
 USAGE:
   kvfence-sim [run] [OPTIONS]         simulation, all rules side by side (default)
   kvfence-sim repro [--runs N] [--timeout-ms MS] [--json]
                                       forces the docs/DESIGN.md section-1 race with barriers
-  kvfence-sim bench [--rounds N] [--seconds S] [OPTIONS]
-                                      --no-delay throughput, naive vs kvfence, interleaved
+  kvfence-sim bench [--rounds N] [--faults] [OPTIONS]
+                                      throughput per rule, interleaved rounds; without
+                                      --faults: aborts/faults off, zero delays, rules
+                                      naive,acks-only,kvfence
+  kvfence-sim soak [--requests N] [OPTIONS]
+                                      kvfence only, full fault mix, N requests [10000000];
+                                      fails unless 0 corrupted and exact page conservation
+
+RULES (--rules, comma list) [all]:
+  naive       frees at abort
+  timeout     waits for ACKs, frees after --timeout-ms [20]; trusts the detector
+  sglang      waits for ACKs, frees after 30 s (--sglang-timeout-s); trusts the detector
+  vllm        frees after 480 s (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, --vllm-timeout-s);
+              trusts the detector
+  acks-only   kvfence's messages without its bookkeeping: waits for every ACK, frees a dead
+              rank's rooms at its teardown, no timer, slot ids (the overhead baseline)
+  kvfence     this crate (gate mode, release queue); fences a dead rank at its teardown
+  'trusts the detector': a dead rank's rooms are freed when the failure detector fires and
+  a failed transfer's room at once, without teardown proof (what SGLang does).
 
 OPTIONS (defaults in brackets):
-  --rules LIST            comma list of naive,timeout,kvfence [all]
+  --preset NAME           production: fan-in 2, 1% aborts, 0-4 ms queueing, 0-3 ms
+                          transfers, 2% of intents missed by the abort drain, few ACK
+                          faults, a rank death every 2.5 s, rare failed transfers; other
+                          flags override it wherever given
   --seconds S             request arrivals per rule [7; bench: 2]
+  --requests N            soak: requests to run [10000000]
   --pages N               decode arena pages [4096]
   --page-bytes B          bytes per page, multiple of 8 [4096]
   --prefill-ranks P       prefill rank threads [8]
@@ -301,15 +482,27 @@ OPTIONS (defaults in brackets):
   --abort-rate P          random aborts (client disconnect) [0.1]
   --wait-timeout-ms MS    abort requests whose KV is not in after MS [100]
   --timeout-ms MS         `timeout` rule: release anyway after MS [20]
+  --time-scale S          peer control-plane times (heartbeat, 30 s, 480 s) divided by S
+                          to fit a short run; data-plane delays are not scaled [100]
+  --sglang-timeout-s S    `sglang` rule's release-anyway timeout [30]
+  --vllm-timeout-s S      `vllm` rule's abort-request timeout [480]
+  --heartbeat-s S --heartbeat-failures N
+                          SGLang's failure detector: interval x failures [5, 2]
+  --detect-ms MS          dead-rank detection time, wall ms [heartbeat x failures / scale
+                          = 100]
+  --teardown-ms MS        death -> transport teardown (then kvfence fences) [300]
+  --death-period-ms MS    a rank dies (hangs) every MS, 0 = never [1500]
   --ack-delay-us US       ACK delay, uniform 0..US [1000]
   --ack-drop P --ack-dup P --ack-late P   ACK faults [0.02, 0.05, 0.02]
   --late-ms MS            extra delay of a late ACK [50]
   --stale-intent-rate P   queued intents an abort drain misses (bug variant) [0.2]
   --abort-retry-ms MS     re-send ABORT to ranks that have not ACKed [20]
-  --death-period-ms MS    a rank dies every MS, 0 = never [1500]
-  --teardown-ms MS        death -> transport teardown (then fence) [300]
+  --fail-rate P           a chunk's write fails (error returned) [0.00002]
+  --fail-lands P          a failed write's bytes still land, late [0.5]
+  --quarantine-ms MS      a room held by a failed transfer is quarantined after MS [50]
   --no-prefill-check      kvfence rule: ranks submit stale intents too (decode side alone)
   --no-delay              aborts, faults, deaths off; all delays zero
+  --faults                bench: keep the fault mix (default: --no-delay)
   --seed N                random seed [1]
   --json                  one JSON object on stdout
   --plot FILE.svg         free/owned/held pages over time per rule
@@ -330,20 +523,42 @@ fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
 pub fn parse(args: &[String]) -> Result<Command, String> {
     let mut it = args.iter().peekable();
     let mode = match it.peek().map(|s| s.as_str()) {
-        Some("run") | Some("repro") | Some("bench") => it.next().cloned().unwrap_or_default(),
+        Some("run") | Some("repro") | Some("bench") | Some("soak") => {
+            it.next().cloned().unwrap_or_default()
+        }
         _ => "run".to_string(),
     };
+    let rest: Vec<&String> = it.collect();
     let mut cfg = SimConfig::default();
+    if mode == "soak" {
+        cfg.soak();
+    }
+    // A preset first, wherever it is given: the other flags override it.
+    if let Some(i) = rest.iter().position(|a| a.as_str() == "--preset") {
+        match rest.get(i + 1).map(|s| s.as_str()) {
+            Some("production") => cfg.production(),
+            Some("default") => {}
+            Some(other) => {
+                return Err(format!(
+                    "--preset: unknown preset '{other}' (expected production or default)"
+                ))
+            }
+            None => return Err("--preset: missing value (production or default)".into()),
+        }
+    }
     let (mut json, mut plot, mut runs, mut rounds) = (false, None, 10usize, 5usize);
-    let mut no_delay = false;
+    let (mut no_delay, mut faults) = (false, false);
     let mut seconds_set = false;
+    let mut rules_set = false;
     let mut timeout_set = None;
+    let mut it = rest.into_iter();
     while let Some(flag) = it.next() {
         let flag = flag.as_str();
         match flag {
             "-h" | "--help" => return Ok(Command::Help),
             "--json" => json = true,
             "--no-delay" => no_delay = true,
+            "--faults" => faults = true,
             "--no-progress" => cfg.progress = false,
             "--no-prefill-check" => cfg.prefill_check = false,
             _ => {
@@ -355,7 +570,9 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                     });
                 };
                 match flag {
+                    "--preset" => {}
                     "--rules" => {
+                        rules_set = true;
                         cfg.rules = v
                             .split(',')
                             .filter(|s| !s.is_empty())
@@ -366,6 +583,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                         cfg.seconds = num(flag, v)?;
                         seconds_set = true;
                     }
+                    "--requests" => cfg.max_requests = Some(num(flag, v)?),
                     "--pages" => cfg.pages = num(flag, v)?,
                     "--page-bytes" => cfg.page_bytes = num(flag, v)?,
                     "--prefill-ranks" => cfg.prefill_ranks = num(flag, v)?,
@@ -381,6 +599,12 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                     "--abort-rate" => cfg.abort_rate = num(flag, v)?,
                     "--wait-timeout-ms" => cfg.wait_timeout_ms = num(flag, v)?,
                     "--timeout-ms" => timeout_set = Some(num(flag, v)?),
+                    "--time-scale" => cfg.time_scale = num(flag, v)?,
+                    "--sglang-timeout-s" => cfg.sglang_timeout_s = num(flag, v)?,
+                    "--vllm-timeout-s" => cfg.vllm_timeout_s = num(flag, v)?,
+                    "--heartbeat-s" => cfg.heartbeat_s = num(flag, v)?,
+                    "--heartbeat-failures" => cfg.heartbeat_failures = num(flag, v)?,
+                    "--detect-ms" => cfg.detect_ms = Some(num(flag, v)?),
                     "--ack-delay-us" => cfg.ack_delay_us = num(flag, v)?,
                     "--ack-drop" => cfg.ack_drop = num(flag, v)?,
                     "--ack-dup" => cfg.ack_dup = num(flag, v)?,
@@ -390,6 +614,9 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                     "--abort-retry-ms" => cfg.abort_retry_ms = num(flag, v)?,
                     "--death-period-ms" => cfg.death_period_ms = num(flag, v)?,
                     "--teardown-ms" => cfg.teardown_ms = num(flag, v)?,
+                    "--fail-rate" => cfg.fail_rate = num(flag, v)?,
+                    "--fail-lands" => cfg.fail_lands = num(flag, v)?,
+                    "--quarantine-ms" => cfg.quarantine_ms = num(flag, v)?,
                     "--seed" => cfg.seed = num(flag, v)?,
                     "--plot" => plot = Some(v.clone()),
                     "--runs" => runs = num(flag, v)?,
@@ -401,6 +628,9 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     }
     if let Some(t) = timeout_set {
         cfg.timeout_ms = t;
+    }
+    if mode != "soak" && cfg.max_requests.is_some() {
+        return Err("--requests is a soak flag (kvfence-sim soak --requests N)".into());
     }
     match mode.as_str() {
         "repro" => {
@@ -420,17 +650,40 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             if !seconds_set {
                 cfg.seconds = 2.0;
             }
-            cfg.no_delay();
-            cfg.rules = vec![RuleKind::Naive, RuleKind::Kvfence];
+            if !faults {
+                cfg.no_delay();
+                if !rules_set {
+                    cfg.rules = vec![RuleKind::Naive, RuleKind::AcksOnly, RuleKind::Kvfence];
+                }
+            }
+            if !cfg.rules.contains(&RuleKind::Kvfence) {
+                return Err("bench: --rules must include kvfence (ratios are kvfence's)".into());
+            }
             cfg.validate()?;
             if rounds == 0 || rounds > 1000 {
                 return Err(format!("--rounds must be in 1..=1000, got {rounds}"));
             }
             Ok(Command::Bench { cfg, rounds, json })
         }
+        "soak" => {
+            if rules_set && cfg.rules != vec![RuleKind::Kvfence] {
+                return Err("soak runs the kvfence rule only (drop --rules)".into());
+            }
+            if plot.is_some() {
+                return Err("--plot is not available for soak".into());
+            }
+            if no_delay {
+                return Err("soak runs the full fault mix: --no-delay does not apply".into());
+            }
+            cfg.validate()?;
+            Ok(Command::Soak { cfg, json })
+        }
         _ => {
             if no_delay {
                 cfg.no_delay();
+            }
+            if faults {
+                return Err("--faults is a bench flag".into());
             }
             cfg.validate()?;
             if let Some(p) = &plot {
@@ -514,8 +767,63 @@ mod tests {
             panic!("must parse");
         };
         assert_eq!(rounds, 3);
-        assert_eq!(cfg.rules, vec![RuleKind::Naive, RuleKind::Kvfence]);
+        assert_eq!(
+            cfg.rules,
+            vec![RuleKind::Naive, RuleKind::AcksOnly, RuleKind::Kvfence]
+        );
         assert_eq!(cfg.abort_rate, 0.0);
+        let Ok(Command::Bench { cfg, .. }) = parse(&args("bench --faults")) else {
+            panic!("must parse");
+        };
+        assert_eq!(cfg.rules, RuleKind::ALL.to_vec());
+        assert!(cfg.abort_rate > 0.0);
+    }
+
+    #[test]
+    fn peer_times_presets_and_soak() {
+        let Ok(Command::Run { cfg, .. }) = parse(&[]) else {
+            panic!("must parse");
+        };
+        // SGLang: 5 s x 2 heartbeats, 30 s; vLLM 480 s; compressed 100x.
+        assert_eq!(cfg.detect(), Duration::from_millis(100));
+        assert_eq!(
+            cfg.timeout_for(RuleKind::Sglang),
+            Duration::from_millis(300)
+        );
+        assert_eq!(cfg.timeout_for(RuleKind::Vllm), Duration::from_millis(4800));
+        assert_eq!(
+            cfg.timeout_for(RuleKind::Timeout),
+            Duration::from_millis(20)
+        );
+        let Ok(Command::Run { cfg, .. }) =
+            parse(&args("--detect-ms 7 --preset production --fan-in 3"))
+        else {
+            panic!("must parse");
+        };
+        assert_eq!(cfg.detect(), Duration::from_millis(7));
+        assert_eq!(
+            (cfg.fan_in, cfg.abort_rate),
+            (3, 0.01),
+            "flags override the preset"
+        );
+        let Ok(Command::Soak { cfg, .. }) = parse(&args("soak --requests 1000")) else {
+            panic!("must parse");
+        };
+        assert_eq!(cfg.max_requests, Some(1000));
+        assert_eq!(cfg.rules, vec![RuleKind::Kvfence]);
+        for bad in [
+            "--preset nope",
+            "--preset",
+            "--requests 5",
+            "soak --rules naive",
+            "soak --requests 0",
+            "--time-scale 0",
+            "--fail-rate 2",
+            "--faults",
+            "--quarantine-ms 0",
+        ] {
+            assert!(parse(&args(bad)).is_err(), "{bad} should be refused");
+        }
     }
 
     #[test]

@@ -46,19 +46,7 @@ fn run(cfg: &SimConfig, json: bool, plot: Option<&str>) -> ExitCode {
     if json {
         println!("{}", report::json(&results, kv_bad.is_empty()));
     } else {
-        println!(
-            "kvfence-sim: {} pages x {} B, {} prefill ranks, fan-in {}, {} rooms, {:.0} s per rule, \
-             abort rate {}, --timeout-ms {}, seed {}",
-            cfg.pages,
-            cfg.page_bytes,
-            cfg.prefill_ranks,
-            cfg.fan_in,
-            cfg.rooms,
-            cfg.seconds,
-            cfg.abort_rate,
-            cfg.timeout_ms,
-            cfg.seed
-        );
+        print!("{}", header(cfg));
         print!("{}", report::table(&results));
     }
     if let Some(path) = plot {
@@ -83,6 +71,114 @@ fn run(cfg: &SimConfig, json: bool, plot: Option<&str>) -> ExitCode {
     }
 }
 
+/// The settings line(s) above a table.
+fn header(cfg: &SimConfig) -> String {
+    format!(
+        "kvfence-sim: {} pages x {} B, {} prefill ranks, fan-in {}, {} rooms, {} per rule, \
+         abort rate {}, seed {}\n\
+         peer times / {}: detector {} ms (heartbeat {} s x {}), teardown {} ms, rank death every {} ms; \
+         timeouts: timeout {} ms, sglang {} ms ({} s), vllm {} ms ({} s)\n\
+         faults: ACK drop/dup/late {}/{}/{}, stale intents {}, failed writes {} (land anyway {}), \
+         quarantine after {} ms\n",
+        cfg.pages,
+        cfg.page_bytes,
+        cfg.prefill_ranks,
+        cfg.fan_in,
+        cfg.rooms,
+        match cfg.max_requests {
+            Some(n) => format!("{n} requests"),
+            None => format!("{} s", cfg.seconds),
+        },
+        cfg.abort_rate,
+        cfg.seed,
+        cfg.time_scale,
+        cfg.detect().as_millis(),
+        cfg.heartbeat_s,
+        cfg.heartbeat_failures,
+        cfg.teardown_ms,
+        cfg.death_period_ms,
+        cfg.timeout_ms,
+        cfg.timeout_for(RuleKind::Sglang).as_millis(),
+        cfg.sglang_timeout_s,
+        cfg.timeout_for(RuleKind::Vllm).as_millis(),
+        cfg.vllm_timeout_s,
+        cfg.ack_drop,
+        cfg.ack_dup,
+        cfg.ack_late,
+        cfg.stale_intent_rate,
+        cfg.fail_rate,
+        cfg.fail_lands,
+        cfg.quarantine_ms,
+    )
+}
+
+fn soak(cfg: &SimConfig, json: bool) -> ExitCode {
+    let mut progress = Progress::logging(cfg.progress);
+    progress.label("soak kvfence".into());
+    let r = match sim::run_rule(cfg, RuleKind::Kvfence, &progress) {
+        Ok(r) => r,
+        Err(e) => {
+            progress.clear();
+            eprintln!("kvfence-sim: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    progress.clear();
+    let want = cfg.max_requests.unwrap_or(0);
+    let mut bad = Vec::new();
+    if r.corrupted_requests > 0 {
+        bad.push(format!("{} corrupted requests", r.corrupted_requests));
+    }
+    if let Err(e) = &r.conservation {
+        bad.push(format!("conservation failed: {e}"));
+    }
+    if r.opened != want {
+        bad.push(format!("opened {} requests, wanted {want}", r.opened));
+    }
+    if r.completed + r.aborted != r.opened {
+        bad.push(format!(
+            "{} completed + {} aborted != {} opened",
+            r.completed, r.aborted, r.opened
+        ));
+    }
+    if json {
+        println!(
+            "{{\"mode\":\"soak\",\"ok\":{},\"requests\":{want},\"result\":{}}}",
+            bad.is_empty(),
+            report::json(std::slice::from_ref(&r), bad.is_empty())
+        );
+    } else {
+        print!("{}", header(cfg));
+        print!("{}", report::table(std::slice::from_ref(&r)));
+        println!(
+            "soak: {} requests in {:.1} s ({:.0} req/s): {} completed, {} aborted, {} corrupted, \
+             {} rank deaths, {} failed transfers, {} rooms quarantined, conservation {}",
+            r.opened,
+            r.wall_s,
+            r.opened as f64 / r.wall_s.max(1e-9),
+            r.completed,
+            r.aborted,
+            r.corrupted_requests,
+            r.deaths,
+            r.failed_transfers,
+            r.quarantined_rooms,
+            if r.conservation.is_ok() {
+                "exact"
+            } else {
+                "FAILED"
+            }
+        );
+    }
+    for b in &bad {
+        eprintln!("kvfence-sim: FAIL: soak: {b}");
+    }
+    if bad.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -97,16 +193,21 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn bench(cfg: &SimConfig, rounds: usize, json: bool) -> ExitCode {
     let mut progress = Progress::new(cfg.progress);
-    let (mut naive, mut kv, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let rules = cfg.rules.clone();
+    let n = rules.len();
+    let kv = rules
+        .iter()
+        .position(|&k| k == RuleKind::Kvfence)
+        .unwrap_or(0);
+    // rps[rule][round]
+    let mut rps: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut corrupted = vec![0u64; n];
+    let faults = cfg.abort_rate > 0.0 || cfg.death_period_ms > 0 || cfg.fail_rate > 0.0;
     for round in 0..rounds {
-        // Alternate the order so neither rule always runs on a warmer machine.
-        let order = if round % 2 == 0 {
-            [RuleKind::Naive, RuleKind::Kvfence]
-        } else {
-            [RuleKind::Kvfence, RuleKind::Naive]
-        };
-        let mut pair = [0.0; 2];
-        for kind in order {
+        // Rotate the order so no rule always runs on a warmer (or busier) machine.
+        for j in 0..n {
+            let i = (j + round) % n;
+            let kind = rules[i];
             progress.label(format!("round {}/{rounds} {}", round + 1, kind.name()));
             let r = match sim::run_rule(cfg, kind, &progress) {
                 Ok(r) => r,
@@ -116,61 +217,94 @@ fn bench(cfg: &SimConfig, rounds: usize, json: bool) -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            if r.corrupted_requests > 0 || r.conservation.is_err() {
+            corrupted[i] += r.corrupted_requests;
+            let must_be_clean = !faults || kind == RuleKind::Kvfence;
+            if must_be_clean && (r.corrupted_requests > 0 || r.conservation.is_err()) {
                 progress.clear();
                 eprintln!(
-                    "kvfence-sim: FAIL: {} corrupted or leaked with no aborts",
-                    r.rule
+                    "kvfence-sim: FAIL: {} corrupted or leaked{}",
+                    r.rule,
+                    if faults { "" } else { " with no aborts" }
                 );
                 return ExitCode::from(1);
             }
-            pair[usize::from(kind == RuleKind::Kvfence)] = r.throughput_rps;
+            rps[i].push(r.throughput_rps);
         }
-        naive.push(pair[0]);
-        kv.push(pair[1]);
-        ratios.push(if pair[0] > 0.0 {
-            pair[1] / pair[0]
-        } else {
-            0.0
-        });
     }
     progress.clear();
-    let (mn, mk, mr) = (
-        median(&mut naive.clone()),
-        median(&mut kv.clone()),
-        median(&mut ratios.clone()),
-    );
+    let med: Vec<f64> = rps.iter().map(|v| median(&mut v.clone())).collect();
+    // Per-round ratio kvfence / rule, and its median.
+    let ratios: Vec<Vec<f64>> = (0..n)
+        .map(|i| {
+            (0..rounds)
+                .map(|k| {
+                    if rps[i][k] > 0.0 {
+                        rps[kv][k] / rps[i][k]
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let med_ratio: Vec<f64> = ratios.iter().map(|v| median(&mut v.clone())).collect();
     if json {
+        let per: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    "{{\"rule\":\"{}\",\"rps\":[{}],\"median_rps\":{:.1},\"corrupted_requests\":{},\
+                     \"kvfence_ratio_of_medians\":{:.4},\"kvfence_median_pair_ratio\":{:.4}}}",
+                    rules[i].name(),
+                    rps[i].iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(","),
+                    med[i],
+                    corrupted[i],
+                    if med[i] > 0.0 { med[kv] / med[i] } else { 0.0 },
+                    med_ratio[i]
+                )
+            })
+            .collect();
         println!(
-            "{{\"mode\":\"bench\",\"rounds\":{rounds},\"seconds\":{},\"naive_rps\":[{}],\"kvfence_rps\":[{}],\
-             \"median_naive_rps\":{mn:.1},\"median_kvfence_rps\":{mk:.1},\"ratio_of_medians\":{:.4},\
-             \"median_pair_ratio\":{mr:.4}}}",
+            "{{\"mode\":\"bench\",\"faults\":{faults},\"rounds\":{rounds},\"seconds\":{},\"rules\":[{}]}}",
             cfg.seconds,
-            naive.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(","),
-            kv.iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(","),
-            if mn > 0.0 { mk / mn } else { 0.0 }
+            per.join(",")
         );
     } else {
-        println!(
-            "bench: --no-delay (no aborts, no faults, zero delays), {} prefill ranks, fan-in {}, {} rooms, \
-             {:.1} s per run, {rounds} interleaved rounds",
-            cfg.prefill_ranks, cfg.fan_in, cfg.rooms, cfg.seconds
-        );
-        for (i, ((n, k), r)) in naive.iter().zip(&kv).zip(&ratios).enumerate() {
+        if faults {
+            print!("bench --faults: {}", header(cfg));
+        } else {
             println!(
-                "  round {}: naive {n:>9.0} req/s   kvfence {k:>9.0} req/s   ratio {r:.4}",
-                i + 1
+                "bench: --no-delay (no aborts, no faults, zero delays), {} prefill ranks, fan-in {}, {} rooms",
+                cfg.prefill_ranks, cfg.fan_in, cfg.rooms
             );
         }
         println!(
-            "median: naive {mn:.0} req/s, kvfence {mk:.0} req/s; kvfence/naive = {:.4} (median of per-round ratios {mr:.4})",
-            if mn > 0.0 { mk / mn } else { 0.0 }
+            "{:.1} s per run, {rounds} rounds, rule order rotated each round",
+            cfg.seconds
         );
-        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        for k in 0..rounds {
+            let line: Vec<String> = (0..n)
+                .map(|i| format!("{} {:>7.0}", rules[i].name(), rps[i][k]))
+                .collect();
+            println!("  round {}: {}", k + 1, line.join("  "));
+        }
+        for i in 0..n {
+            let lo = ratios[i].iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios[i].iter().copied().fold(0.0, f64::max);
+            println!(
+                "{:<10} median {:>8.0} req/s, corrupted {:>6}; kvfence/{} = {:.4} (ratio of medians), \
+                 {:.4} (median of per-round ratios, span {lo:.4}..{hi:.4})",
+                rules[i].name(),
+                med[i],
+                corrupted[i],
+                rules[i].name(),
+                if med[i] > 0.0 { med[kv] / med[i] } else { 0.0 },
+                med_ratio[i]
+            );
+        }
         println!(
-            "per-round ratios span {lo:.4}..{hi:.4}: a difference smaller than that spread is \
-             below this machine's noise (9 threads share {} cores here)",
+            "a difference smaller than the per-round span is below this machine's noise \
+             ({} prefill threads + 1 decode thread share {} cores)",
+            cfg.prefill_ranks,
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
     }
@@ -193,6 +327,7 @@ fn main() -> ExitCode {
         }
         Command::Run { cfg, json, plot } => run(&cfg, json, plot.as_deref()),
         Command::Bench { cfg, rounds, json } => bench(&cfg, rounds, json),
+        Command::Soak { cfg, json } => soak(&cfg, json),
         Command::Repro {
             runs,
             timeout_ms,

@@ -27,6 +27,15 @@ fn f(x: f64) -> String {
     }
 }
 
+/// Corrupted requests per 10,000 completed.
+pub fn per_10k(r: &RuleResult) -> f64 {
+    if r.completed == 0 {
+        0.0
+    } else {
+        r.corrupted_requests as f64 * 10_000.0 / r.completed as f64
+    }
+}
+
 /// The side-by-side summary table of a simulation.
 pub fn table(results: &[RuleResult]) -> String {
     let mut out = String::new();
@@ -36,10 +45,14 @@ pub fn table(results: &[RuleResult]) -> String {
     }
     out.push('\n');
     type Row = (&'static str, fn(&RuleResult) -> String);
-    let rows: [Row; 17] = [
+    let rows: [Row; 31] = [
+        ("requests opened", |r| r.opened.to_string()),
         ("requests completed", |r| r.completed.to_string()),
         ("requests aborted", |r| r.aborted.to_string()),
         ("corrupted requests", |r| r.corrupted_requests.to_string()),
+        ("corrupted per 10,000 completed", |r| {
+            format!("{:.2}", per_10k(r))
+        }),
         ("corrupted pages", |r| r.corrupted_pages.to_string()),
         ("stale writes refused", |r| r.stale_refused.to_string()),
         ("late/duplicate ACKs ignored", |r| {
@@ -55,9 +68,34 @@ pub fn table(results: &[RuleResult]) -> String {
             r.writes_flushed.to_string()
         }),
         ("rank deaths", |r| r.deaths.to_string()),
-        ("pages held awaiting drain, max", |r| r.held_max.to_string()),
+        ("failed transfers", |r| r.failed_transfers.to_string()),
+        ("  of which landed anyway", |r| r.failed_landed.to_string()),
+        ("rooms quarantined", |r| r.quarantined_rooms.to_string()),
+        ("quarantined pages, max", |r| {
+            r.quarantined_pages.max.to_string()
+        }),
+        ("quarantined pages reclaimed", |r| {
+            r.pages_reclaimed.to_string()
+        }),
         ("pages held awaiting drain, mean", |r| {
-            format!("{:.1}", r.held_mean)
+            format!("{:.1}", r.held.mean)
+        }),
+        ("  slow ACK, mean", |r| format!("{:.1}", r.causes_mean_f[0])),
+        ("  transfer in flight, mean", |r| {
+            format!("{:.1}", r.causes_mean_f[1])
+        }),
+        ("  dead rank awaiting teardown, mean", |r| {
+            format!("{:.1}", r.causes_mean_f[2])
+        }),
+        ("  failed transfer, mean", |r| {
+            format!("{:.1}", r.causes_mean_f[3])
+        }),
+        ("pages held awaiting drain, max", |r| r.held.max.to_string()),
+        ("  slow ACK / in flight, max", |r| {
+            format!("{}/{}", r.causes_max.slow_ack, r.causes_max.in_flight)
+        }),
+        ("  dead rank / failed, max", |r| {
+            format!("{}/{}", r.causes_max.dead_rank, r.causes_max.failed)
         }),
         ("abort->release p50 (ms)", |r| {
             format!("{:.2}", r.release_p50_ms)
@@ -67,6 +105,13 @@ pub fn table(results: &[RuleResult]) -> String {
         }),
         ("throughput (req/s)", |r| format!("{:.0}", r.throughput_rps)),
         ("wall time (s)", |r| format!("{:.1}", r.wall_s)),
+        ("held-cause split sums to held", |r| {
+            if r.cause_mismatches == 0 {
+                "ok".to_string()
+            } else {
+                format!("{} off", r.cause_mismatches)
+            }
+        }),
         ("page conservation at end", |r| {
             if r.conservation.is_ok() {
                 "ok"
@@ -102,16 +147,24 @@ pub fn json(results: &[RuleResult], ok: bool) -> String {
         }
         let _ = write!(
             out,
-            "{{\"rule\":\"{}\",\"completed\":{},\"aborted\":{},\"corrupted_requests\":{},\
+            "{{\"rule\":\"{}\",\"opened\":{},\"completed\":{},\"aborted\":{},\"corrupted_requests\":{},\
+             \"corrupted_per_10k\":{},\
              \"corrupted_pages\":{},\"stale_writes_refused\":{},\"late_acks_ignored\":{},\
              \"acks_misapplied\":{},\"late_writes_landed\":{},\"writes_flushed\":{},\
-             \"rank_deaths\":{},\"held_pages_max\":{},\"held_pages_mean\":{},\
+             \"rank_deaths\":{},\"failed_transfers\":{},\"failed_landed\":{},\
+             \"quarantined_rooms\":{},\"quarantined_pages_max\":{},\"pages_reclaimed\":{},\
+             \"held_pages_max\":{},\"held_pages_mean\":{},\
+             \"held_by_cause_mean\":{{\"slow_ack\":{},\"in_flight\":{},\"dead_rank\":{},\"failed\":{}}},\
+             \"held_by_cause_max\":{{\"slow_ack\":{},\"in_flight\":{},\"dead_rank\":{},\"failed\":{}}},\
+             \"cause_mismatches\":{},\
              \"release_p50_ms\":{},\"release_p99_ms\":{},\"throughput_rps\":{},\
              \"wall_s\":{},\"conservation_ok\":{},\"conservation_error\":{}}}",
             r.rule,
+            r.opened,
             r.completed,
             r.aborted,
             r.corrupted_requests,
+            f(per_10k(r)),
             r.corrupted_pages,
             r.stale_refused,
             r.late_acks_ignored,
@@ -119,8 +172,22 @@ pub fn json(results: &[RuleResult], ok: bool) -> String {
             r.late_writes_landed,
             r.writes_flushed,
             r.deaths,
-            r.held_max,
-            f(r.held_mean),
+            r.failed_transfers,
+            r.failed_landed,
+            r.quarantined_rooms,
+            r.quarantined_pages.max,
+            r.pages_reclaimed,
+            r.held.max,
+            f(r.held.mean),
+            f(r.causes_mean_f[0]),
+            f(r.causes_mean_f[1]),
+            f(r.causes_mean_f[2]),
+            f(r.causes_mean_f[3]),
+            r.causes_max.slow_ack,
+            r.causes_max.in_flight,
+            r.causes_max.dead_rank,
+            r.causes_max.failed,
+            r.cause_mismatches,
             f(r.release_p50_ms),
             f(r.release_p99_ms),
             f(r.throughput_rps),
@@ -214,7 +281,7 @@ pub fn svg(results: &[RuleResult], capacity: usize) -> String {
             y0 - 5.0,
             r.rule,
             r.corrupted_requests,
-            r.held_max,
+            r.held.max,
             left - 5.0,
             y0 + 10.0,
             left - 5.0,

@@ -177,7 +177,7 @@ fn one_run(
 /// Runs the reproducer `runs` times for each rule.
 pub fn run_repro(runs: usize, timeout_ms: u64) -> Result<Vec<ReproResult>, String> {
     let timeout = Duration::from_millis(timeout_ms);
-    RuleKind::ALL
+    RuleKind::REPRO
         .into_iter()
         .map(|kind| {
             let mut r = ReproResult {

@@ -22,6 +22,9 @@ pub struct Usage {
     pub owned: usize,
     /// Pages of closed requests not yet released.
     pub held: usize,
+    /// Pages of quarantined rooms: out of circulation until every rank the room waited on
+    /// has been torn down.
+    pub quarantined: usize,
 }
 
 /// What a rule did with an ACK (or a late "transfer done").
@@ -59,6 +62,27 @@ pub trait Rule {
     fn drain(&mut self) -> Vec<RoomId> {
         Vec::new()
     }
+    /// The failure detector declared `rank` dead (its transport may still be up). Rules
+    /// that trust the detector free the rank's rooms now; the others wait for teardown.
+    fn rank_detected(&mut self, _rank: u32) -> Vec<RoomId> {
+        Vec::new()
+    }
+    /// `rank`'s write into an aborted `room` failed (error returned, bytes may still land).
+    /// Rules that trust the detector count the rank as done with the room.
+    fn transfer_failed(&mut self, _room: RoomId, _rank: u32) -> Vec<RoomId> {
+        Vec::new()
+    }
+    /// Gives up on a closing room that cannot be proven drained: its pages leave
+    /// circulation (counted in `Usage::quarantined`). Returns whether it was released now
+    /// (kvfence: queued, delivered by [`Rule::drain`]).
+    fn quarantine(&mut self, room: RoomId) -> bool;
+    /// Quarantined pages whose writers have all been torn down go back to the free list.
+    fn reclaim(&mut self, pages: &[u32]);
+    /// Closing rooms with the ranks each still waits on and its page count, as the rule
+    /// itself sees them (kvfence: `stats().closing`); `None`: the decode's own view.
+    fn waiting(&self) -> Option<Vec<(RoomId, Vec<u32>, usize)>> {
+        None
+    }
     /// `rank`'s transport was torn down (no write of it can land any more).
     fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId>;
     /// `rank` has a new transport.
@@ -71,7 +95,8 @@ pub trait Rule {
     fn conservation(&self) -> Result<(), String>;
 }
 
-/// Builds the rule `kind` over `pages` pages, `rooms` rooms and `ranks` writer ranks.
+/// Builds the rule `kind` over `pages` pages, `rooms` rooms and `ranks` writer ranks;
+/// `timeout` is the release-anyway timeout of the timeout rules.
 pub fn make(
     kind: RuleKind,
     pages: usize,
@@ -81,7 +106,10 @@ pub fn make(
 ) -> Result<Box<dyn Rule>, String> {
     Ok(match kind {
         RuleKind::Naive => Box::new(SimplePool::new(pages, rooms, None)),
-        RuleKind::Timeout => Box::new(SimplePool::new(pages, rooms, Some(timeout))),
+        RuleKind::Timeout | RuleKind::Sglang | RuleKind::Vllm => {
+            Box::new(SimplePool::new(pages, rooms, Some(timeout)))
+        }
+        RuleKind::AcksOnly => Box::new(SimplePool::acks_only(pages, rooms)),
         RuleKind::Kvfence => Box::new(Kvfence::new(pages, rooms, ranks)?),
     })
 }
@@ -96,34 +124,65 @@ enum SlotState {
     },
 }
 
-/// `naive` (no timeout: free at abort) and `timeout` (wait for ACKs, release anyway after
-/// the timeout). Rooms are slot indices, reused LIFO: an ACK names only the slot, so a late
-/// ACK of an earlier request counts toward whichever request has the slot now.
+/// `naive` (free at abort), the timeout rules (`timeout`, `sglang`, `vllm`: wait for ACKs,
+/// release anyway after the timeout, trust the failure detector) and `acks-only` (wait for
+/// ACKs, no timer, free a dead rank's rooms at its teardown). Rooms are slot indices, reused
+/// LIFO: an ACK names only the slot, so a late ACK of an earlier request counts toward
+/// whichever request has the slot now.
 #[derive(Debug)]
 pub struct SimplePool {
     free_pages: Vec<u32>,
     free_slots: Vec<u32>,
     slots: Vec<(SlotState, Vec<u32>)>,
     aborting: Vec<u32>,
+    /// Aborted rooms wait for ACKs (all but naive).
+    wait: bool,
     timeout: Option<Duration>,
+    /// Frees a dead rank's rooms when the detector fires, a failed transfer's at once.
+    trusts_detector: bool,
     capacity: usize,
     owned: usize,
     held: usize,
+    quarantined: usize,
 }
 
 impl SimplePool {
-    /// A pool of `pages` pages and `rooms` slots; `timeout` `None` is the naive rule.
+    /// A pool of `pages` pages and `rooms` slots; `timeout` `None` is the naive rule,
+    /// `Some` a timeout rule (which trusts the failure detector).
     pub fn new(pages: usize, rooms: usize, timeout: Option<Duration>) -> SimplePool {
         SimplePool {
             free_pages: (0..pages as u32).rev().collect(),
             free_slots: (0..rooms as u32).rev().collect(),
             slots: (0..rooms).map(|_| (SlotState::Free, Vec::new())).collect(),
             aborting: Vec::new(),
+            wait: timeout.is_some(),
             timeout,
+            trusts_detector: timeout.is_some(),
             capacity: pages,
             owned: 0,
             held: 0,
+            quarantined: 0,
         }
+    }
+
+    /// The `acks-only` rule: waits for every ACK, no timer, does not trust the detector.
+    pub fn acks_only(pages: usize, rooms: usize) -> SimplePool {
+        SimplePool {
+            wait: true,
+            timeout: None,
+            trusts_detector: false,
+            ..SimplePool::new(pages, rooms, None)
+        }
+    }
+
+    /// Counts `rank` as acknowledged in every aborting room; returns the rooms released.
+    fn ack_everywhere(&mut self, rank: u32) -> Vec<RoomId> {
+        let slots = self.aborting.clone();
+        slots
+            .into_iter()
+            .filter(|&s| self.ack(RoomId::from(s), rank) == AckOutcome::Released)
+            .map(RoomId::from)
+            .collect()
     }
 
     fn release(&mut self, slot: u32) {
@@ -161,15 +220,17 @@ impl Rule for SimplePool {
 
     fn abort(&mut self, room: RoomId, pending: &[u32], now: Instant) -> (Vec<u32>, bool) {
         let slot = room as u32;
-        match self.timeout {
-            Some(timeout) if !pending.is_empty() => {
+        match self.wait {
+            true if !pending.is_empty() => {
                 let (state, pages) = &mut self.slots[slot as usize];
                 if matches!(state, SlotState::Owned) {
                     self.owned -= pages.len();
                     self.held += pages.len();
+                    // No timer (acks-only): a deadline that never comes.
+                    let deadline = now + self.timeout.unwrap_or(Duration::from_secs(1 << 30));
                     *state = SlotState::Aborting {
                         pending: pending.to_vec(),
-                        deadline: now + timeout,
+                        deadline,
                     };
                     self.aborting.push(slot);
                 }
@@ -219,14 +280,46 @@ impl Rule for SimplePool {
         due.into_iter().map(RoomId::from).collect()
     }
 
+    fn rank_detected(&mut self, rank: u32) -> Vec<RoomId> {
+        if !self.trusts_detector {
+            return Vec::new();
+        }
+        // SGLang's `_handle_node_failure`: the dead rank's rooms are marked failed and freed.
+        self.ack_everywhere(rank)
+    }
+
+    fn transfer_failed(&mut self, room: RoomId, rank: u32) -> Vec<RoomId> {
+        // The peers: a failed transfer marks the room failed; nothing waits for its bytes.
+        if self.trusts_detector && self.ack(room, rank) == AckOutcome::Released {
+            vec![room]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn quarantine(&mut self, room: RoomId) -> bool {
+        let slot = room as u32;
+        let Some((state @ SlotState::Aborting { .. }, pages)) = self.slots.get_mut(slot as usize)
+        else {
+            return false;
+        };
+        *state = SlotState::Free;
+        self.held -= pages.len();
+        self.quarantined += pages.len();
+        pages.clear();
+        self.aborting.retain(|&s| s != slot);
+        self.free_slots.push(slot);
+        true
+    }
+
+    fn reclaim(&mut self, pages: &[u32]) {
+        self.quarantined -= pages.len();
+        self.free_pages.extend(pages.iter().rev());
+    }
+
     fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId> {
-        // A dead rank counts as acknowledged everywhere (peers treat it as gone).
-        let slots = self.aborting.clone();
-        slots
-            .into_iter()
-            .filter(|&s| self.ack(RoomId::from(s), rank) == AckOutcome::Released)
-            .map(RoomId::from)
-            .collect()
+        // A torn-down rank counts as acknowledged everywhere (nothing of it can land).
+        self.ack_everywhere(rank)
     }
 
     fn rank_readmitted(&mut self, _rank: u32) {}
@@ -236,19 +329,31 @@ impl Rule for SimplePool {
             free: self.free_pages.len(),
             owned: self.owned,
             held: self.held,
+            quarantined: self.quarantined,
         }
     }
 
     fn waits_for_acks(&self) -> bool {
-        self.timeout.is_some()
+        self.wait
     }
 
     fn conservation(&self) -> Result<(), String> {
         let u = self.usage();
-        if u.free + u.owned + u.held != self.capacity || u.free != self.capacity {
+        let mut free = self.free_pages.clone();
+        free.sort_unstable();
+        free.dedup();
+        if u.free != self.capacity
+            || free.len() != self.capacity
+            || u.owned + u.held + u.quarantined != 0
+        {
             return Err(format!(
-                "pages: free {} + owned {} + held {} != capacity {}",
-                u.free, u.owned, u.held, self.capacity
+                "pages: free {} ({} distinct) + owned {} + held {} + quarantined {} != capacity {}",
+                u.free,
+                free.len(),
+                u.owned,
+                u.held,
+                u.quarantined,
+                self.capacity
             ));
         }
         Ok(())
@@ -276,6 +381,10 @@ pub struct Kvfence {
     bad_releases: Vec<String>,
     /// Buffer for [`RoomTable::drain_released`].
     drained: Vec<Released>,
+    /// Pages out of circulation (quarantined, not yet reclaimed).
+    quarantined: usize,
+    /// Pages quarantined by the table since the start (checked against its stats).
+    quarantined_total: u64,
 }
 
 impl Kvfence {
@@ -296,6 +405,8 @@ impl Kvfence {
             rooms,
             bad_releases: Vec::new(),
             drained: Vec::with_capacity(rooms),
+            quarantined: 0,
+            quarantined_total: 0,
         })
     }
 }
@@ -379,9 +490,10 @@ impl Rule for Kvfence {
                     .push(format!("token {} released twice or never opened", r.token)),
             }
             if r.reason == Reason::Quarantined {
-                // Never reuse these pages (the simulator never quarantines).
-                self.bad_releases
-                    .push(format!("token {} quarantined", r.token));
+                // Out of circulation: the engine (the decode loop) hands them back with
+                // `reclaim` only once every rank the room waited on has been torn down.
+                self.quarantined += r.pages.len();
+                self.quarantined_total += r.pages.len() as u64;
             } else {
                 // The engine's free: only now can the pages go to another request.
                 self.free_pages.extend(r.pages.iter().rev());
@@ -389,6 +501,30 @@ impl Rule for Kvfence {
             rooms.push(r.handle.to_wire());
         }
         rooms
+    }
+
+    fn quarantine(&mut self, room: RoomId) -> bool {
+        // Queued (Reason::Quarantined): delivered by the next drain.
+        matches!(
+            self.table.quarantine(RoomHandle::from_wire(room)),
+            Ok(Some(_))
+        )
+    }
+
+    fn reclaim(&mut self, pages: &[u32]) {
+        self.quarantined -= pages.len();
+        self.free_pages.extend(pages.iter().rev());
+    }
+
+    fn waiting(&self) -> Option<Vec<(RoomId, Vec<u32>, usize)>> {
+        Some(
+            self.table
+                .stats()
+                .closing
+                .into_iter()
+                .map(|s| (s.handle.to_wire(), s.waiting_on.to_vec(), s.pages))
+                .collect(),
+        )
     }
 
     fn rank_torn_down(&mut self, rank: u32) -> Vec<RoomId> {
@@ -410,6 +546,7 @@ impl Rule for Kvfence {
             owned: s.pages.owned,
             // Released but not yet drained: not reusable yet either.
             held: s.pages.held + s.pages.queued,
+            quarantined: self.quarantined,
         }
     }
 
@@ -434,7 +571,14 @@ impl Rule for Kvfence {
                 self.free_pages.len() - free.len()
             ));
         }
+        if s.quarantined_pages != self.quarantined_total {
+            return Err(format!(
+                "kvfence: table counts {} quarantined pages, the engine received {}",
+                s.quarantined_pages, self.quarantined_total
+            ));
+        }
         if self.free_pages.len() != self.pages
+            || self.quarantined != 0
             || s.pages.owned + s.pages.held + s.pages.queued != 0
             || !self.live.is_empty()
         {

@@ -67,12 +67,47 @@ fn short_simulation_kvfence_has_no_corruption() {
 }
 
 #[test]
+fn peer_rules_run_and_a_short_soak_passes() {
+    let json = run_ok(&[
+        "--seconds",
+        "0.5",
+        "--json",
+        "--no-progress",
+        "--pages",
+        "1024",
+        "--rooms",
+        "64",
+        "--rules",
+        "sglang,vllm,acks-only,kvfence",
+        "--death-period-ms",
+        "300",
+        "--teardown-ms",
+        "150",
+        "--detect-ms",
+        "50",
+    ]);
+    for rule in ["sglang", "vllm", "acks-only", "kvfence"] {
+        assert!(field(&json, rule, "opened") > 0, "{rule}");
+        assert_eq!(field(&json, rule, "cause_mismatches"), 0, "{rule}");
+    }
+    assert_eq!(field(&json, "kvfence", "corrupted_requests"), 0);
+    let soak = run_ok(&["soak", "--requests", "3000", "--json", "--no-progress"]);
+    assert_eq!(field(&soak, "kvfence", "opened"), 3000);
+    assert_eq!(field(&soak, "kvfence", "corrupted_requests"), 0);
+    assert!(soak.contains("\"conservation_ok\":true"));
+}
+
+#[test]
 fn bad_flags_exit_2_with_a_message() {
     for args in [
         &["--fan-in", "9"][..],
         &["--pages", "0"],
         &["--nope"],
         &["repro", "--runs", "x"],
+        &["--preset", "nope"],
+        &["--requests", "10"],
+        &["soak", "--rules", "naive"],
+        &["--fail-rate", "1.5"],
     ] {
         let out = bin().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
