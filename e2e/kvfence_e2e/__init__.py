@@ -1,0 +1,1 @@
+"""kvfence end-to-end on Mooncake Transfer Engine (TCP, separate processes)."""

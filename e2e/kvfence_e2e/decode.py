@@ -1,0 +1,507 @@
+"""The decode instance (this process) and its prefill instances (child processes).
+
+One registered KV buffer split into pages; the engine's own allocator (a LIFO free list:
+a freed page is reused at once); a kvfence RoomTable in gate mode with release_queue=True
+(rule kvfence) or SGLang-style bookkeeping (the other rules); an ACK receiver thread per
+control connection; a scheduler loop (the caller's thread) that drains releases and only
+then frees pages.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from .common import (MAGIC_FREE, MAGIC_OWNED, Conn, check_page, header, my_tcp_sockets,
+                     stamp)
+
+TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
+
+
+class Rec:
+    __slots__ = ("id", "inst", "ranks", "pages", "h", "state", "t_open", "abort_at",
+                 "t_abort", "done_ranks", "acks", "decode_until", "corrupt", "why",
+                 "abort_on_commit", "released")
+
+    def __init__(self, rid, inst, ranks, pages):
+        self.id, self.inst, self.ranks, self.pages = rid, inst, ranks, pages
+        self.h = None
+        self.state = TRANSFER
+        self.t_open = time.monotonic()
+        self.abort_at = None
+        self.t_abort = None
+        self.done_ranks = set()
+        self.acks = set()
+        self.decode_until = None
+        self.corrupt = False
+        self.why = []
+        self.abort_on_commit = False
+        self.released = False
+
+
+class Decode:
+    def __init__(self, cfg, rule):
+        from mooncake.engine import TransferEngine
+        self.cfg, self.rule = cfg, rule
+        self.ps, self.npages = cfg.page_size, cfg.pages
+        self.engine = TransferEngine()
+        if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            raise RuntimeError("Mooncake initialize failed")
+        # pages 0..N-1 for KV, page N is a scratch page for the prefill warm-up write
+        self.kv = np.zeros((self.npages + 1) * self.ps, dtype=np.uint8)
+        self.kv_addr = self.kv.ctypes.data
+        if self.engine.register_memory(self.kv_addr, self.kv.size) != 0:
+            raise RuntimeError("Mooncake register_memory failed")
+        self.session = "127.0.0.1:%d" % self.engine.get_rpc_port()
+        for p in range(self.npages):
+            stamp(self.page(p), MAGIC_FREE, 0)
+        self.free = list(range(self.npages - 1, -1, -1))  # LIFO: pop() reuses the last freed
+        self.retired = []  # quarantined pages: never reused
+        self.table = None
+        if rule == "kvfence":
+            import kvfence
+            self.kvfence = kvfence
+            self.table = kvfence.RoomTable(4096, release_queue=True)
+        self.timeout = {"timeout-30s": 30.0, "timeout-50ms": 0.05}.get(rule)
+        self.events = queue.Queue()
+        self.recs = {}  # id -> Rec (not yet released)
+        self.by_inst = {}
+        self.conns, self.procs, self.alive, self.ranks_of = {}, {}, set(), {}
+        self.pstats = {}
+        self.m = {"requests": 0, "finished": 0, "aborted": 0, "corrupted_requests": 0,
+                  "corrupted_pages": 0, "stale_landings_on_free_pages": 0, "failed_writes": 0,
+                  "rank_fences": 0, "kills": 0, "quarantined_pages": 0,
+                  "peak_pages_held_awaiting_drain": 0, "fence_wait_ms_max": 0.0,
+                  "fence_waits_with_unread_data": 0}
+        self.lat = []
+        self.acked = set()
+        self.pending_fence = {}  # inst -> time its control connection closed
+        self.fence_waits = []  # ms from control EOF to proven transport teardown
+        self.last_sock_check = 0.0  # requests some rank has ACKed (also after their release)
+        self.next_id = 1
+        self.logdir = tempfile.mkdtemp(prefix="kvfence-e2e-")
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.ctl_port = self.lsock.getsockname()[1]
+        threading.Thread(target=self.acceptor, daemon=True).start()
+
+    def page(self, p):
+        return self.kv[p * self.ps:(p + 1) * self.ps]
+
+    # ---------------- prefill processes ----------------
+    def spawn(self, inst):
+        R = self.cfg.ranks_per_instance
+        ranks = list(range(inst * R, inst * R + R))
+        self.ranks_of[inst] = ranks
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        log = open(os.path.join(self.logdir, "prefill%d.log" % inst), "ab")
+        self.procs[inst] = subprocess.Popen(
+            [sys.executable, "-m", "kvfence_e2e.prefill", "--inst", str(inst),
+             "--ranks", ",".join(map(str, ranks)), "--ctl", str(self.ctl_port),
+             "--session", self.session, "--rule", self.rule, "--page-size", str(self.ps)],
+            env=env, stdout=log, stderr=log)
+
+    def acceptor(self):
+        while True:
+            try:
+                s, _ = self.lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.receiver, args=(Conn(s),), daemon=True).start()
+
+    def receiver(self, conn):
+        """One per prefill instance: ACKs go straight to the table (any thread)."""
+        m = conn.recv()
+        if m is None or m["t"] != "HELLO":
+            return
+        inst = m["inst"]
+        conn.send(t="WELCOME", scratch=self.kv_addr + self.npages * self.ps)
+        self.conns[inst] = conn
+        while True:
+            m = conn.recv()
+            if m is None:
+                conn.close()  # (else it would sit in CLOSE_WAIT itself)
+                self.events.put(("dead", inst, conn))  # the control connection closed
+                return
+            if m["t"] == "ACK" and self.table is not None:
+                self.table.quiesce(m["h"], m["rank"])  # "stale" for a late ACK: harmless
+            self.events.put((m["t"], inst, m))
+
+    def start(self, n):
+        for i in range(n):
+            self.spawn(i)
+        t0 = time.monotonic()
+        while len(self.alive) < n:
+            if time.monotonic() - t0 > 60:
+                raise RuntimeError("prefill processes did not start (see %s)" % self.logdir)
+            self.step(0.05)
+
+    def kill(self, inst):
+        p = self.procs.get(inst)
+        if p and p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            self.m["kills"] += 1
+
+    # ---------------- allocation / release ----------------
+    def admit(self, inst, *, delay_ms=0, fail_chunk=-1, notify=False, abort_at=None,
+              abort_on_commit=False):
+        ppr = self.cfg.pages_per_request
+        if len(self.free) < ppr or inst not in self.alive:
+            return None
+        pages = [self.free.pop() for _ in range(ppr)]
+        rid = self.next_id
+        self.next_id += 1
+        for p in pages:  # reuse: nothing may have landed since the free
+            magic, r, _, _ = header(self.page(p))
+            if magic != MAGIC_FREE:
+                self.m["stale_landings_on_free_pages"] += 1
+                self.m["corrupted_pages"] += 1
+            stamp(self.page(p), MAGIC_OWNED, rid)
+        ranks = self.ranks_of[inst]
+        rec = Rec(rid, inst, ranks, pages)
+        rec.abort_at, rec.abort_on_commit = abort_at, abort_on_commit
+        if self.table is not None:
+            rec.h = self.table.open(ranks, pages, token=rid)  # writers = the serving ranks
+        self.recs[rid] = rec
+        self.m["requests"] += 1
+        R = len(ranks)
+        for j, r in enumerate(ranks):
+            chunks = [(c, self.kv_addr + pages[c] * self.ps) for c in range(ppr) if c % R == j]
+            self.conns[inst].send(t="REQ", req=rid, h=rec.h or 0, rank=r, chunks=chunks,
+                                  delay_ms=delay_ms, fail_chunk=fail_chunk, notify=notify)
+        return rec
+
+    def release(self, rec, quarantined=False):
+        """The scheduler thread frees the pages to its own allocator."""
+        if rec.released:
+            return
+        rec.released = True
+        if rec.t_abort is not None:
+            self.lat.append((time.monotonic() - rec.t_abort) * 1000.0)
+        if quarantined:
+            self.retired.extend(rec.pages)
+            self.m["quarantined_pages"] += len(rec.pages)
+        else:
+            for p in rec.pages:
+                stamp(self.page(p), MAGIC_FREE, rec.id)
+                self.free.append(p)
+        rec.state = DONE
+        self.recs.pop(rec.id, None)
+
+    def abort(self, rec):
+        if rec.state != TRANSFER:
+            return
+        rec.state = ABORTING
+        rec.t_abort = time.monotonic()
+        self.m["aborted"] += 1
+        if self.table is not None:
+            tell = self.table.abort(rec.h)
+        else:
+            tell = rec.ranks
+        conn = self.conns.get(rec.inst)
+        if rec.inst in self.alive and conn is not None:
+            for r in tell:
+                conn.send(t="ABORT", req=rec.id, h=rec.h or 0, rank=r)
+        if self.rule == "naive":
+            self.release(rec)
+
+    def verify(self, rec):
+        for c, p in enumerate(rec.pages):
+            why = check_page(self.page(p), rec.id, c)
+            if why and (c, why) not in rec.why:
+                rec.why.append((c, why))
+                self.m["corrupted_pages"] += 1
+                rec.corrupt = True
+
+    # ---------------- the scheduler loop ----------------
+    def step(self, wait=0.001):
+        try:
+            ev = self.events.get(timeout=wait)
+            self.handle(ev)
+            while True:
+                self.handle(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if self.table is not None:
+            self.try_fence()
+            for r in self.table.drain_released():  # every release, exactly once
+                rec = self.recs.get(r.token)
+                if rec is not None:
+                    self.release(rec, quarantined=(r.reason == "quarantined"))
+        elif self.timeout is not None:
+            for rec in list(self.recs.values()):
+                if rec.state == ABORTING and (rec.acks >= set(rec.ranks)
+                                              or now - rec.t_abort >= self.timeout):
+                    self.release(rec)
+        held = 0
+        for rec in list(self.recs.values()):
+            if rec.state == DECODING and now >= rec.decode_until:
+                self.verify(rec)  # the KV is read until the end of decoding
+                self.m["finished"] += 1
+                self.m["corrupted_requests"] += rec.corrupt
+                if self.table is not None:
+                    rec.state = DONE
+                    self.table.finish(rec.h)
+                    for r in rec.ranks:
+                        self.table.quiesce(rec.h, r)  # their DONE was their last word
+                else:
+                    self.release(rec)
+            elif rec.state == TRANSFER and rec.abort_at is not None and now >= rec.abort_at:
+                self.abort(rec)
+            if rec.state == ABORTING and not rec.released:
+                held += len(rec.pages)
+        self.m["peak_pages_held_awaiting_drain"] = max(
+            self.m["peak_pages_held_awaiting_drain"], held)
+        return held
+
+    def handle(self, ev):
+        t, inst, m = ev
+        if t == "READY":
+            self.alive.add(inst)
+            if self.table is not None:
+                for r in self.ranks_of[inst]:
+                    self.table.readmit_rank(r)
+            return
+        if t == "STATS":
+            self.pstats[inst] = m["stats"]
+            return
+        if t == "dead":
+            if self.conns.get(inst) is not m:
+                return
+            self.on_dead(inst)
+            return
+        rec = self.recs.get(m["req"])
+        if t == "ACK":
+            self.acked.add(m["req"])
+        if rec is None:
+            return  # a late message about a released request
+        if t == "DONE":
+            rec.done_ranks.add(m["rank"])
+            if rec.state == TRANSFER and rec.done_ranks >= set(rec.ranks):
+                self.verify(rec)
+                rec.state = DECODING
+                rec.decode_until = time.monotonic() + self.cfg.decode_ms / 1000.0
+        elif t == "ACK":
+            rec.acks.add(m["rank"])
+        elif t == "FAIL":
+            self.m["failed_writes"] += 1
+            self.abort(rec)  # the request fails
+        elif t == "COMMIT":
+            if rec.abort_on_commit:
+                self.abort(rec)
+
+    def on_dead(self, inst):
+        """The control connection of a prefill instance closed (its process is gone)."""
+        self.alive.discard(inst)
+        self.conns.pop(inst, None)
+        mine = [r for r in self.recs.values() if r.inst == inst]
+        for rec in mine:
+            if rec.state == TRANSFER:
+                self.abort(rec)  # the request fails
+        if self.table is not None:
+            # Fence only once the transport is torn down. The control EOF is not enough:
+            # Mooncake's server may still hold the dead peer's bytes in a data socket
+            # (CLOSE_WAIT with unread data) and write them into our pages afterwards.
+            self.pending_fence[inst] = time.monotonic()
+            self.try_fence()
+        else:  # SGLang's node-failure path: its rooms are freed at once
+            for rec in mine:
+                if rec.state == ABORTING:
+                    self.release(rec)
+
+    def try_fence(self):
+        """Fences the ranks of dead instances once no data socket of ours is half-closed
+        (CLOSE_WAIT: its peer is gone, and the server has not consumed it all yet)."""
+        now = time.monotonic()
+        if not self.pending_fence or now - self.last_sock_check < 0.002:
+            return
+        self.last_sock_check = now
+        half = [x for x in my_tcp_sockets() if x[2] == "08"]
+        if half:
+            if any(x[3] > 0 for x in half):
+                self.m["fence_waits_with_unread_data"] += 1
+            return
+        for inst, t in list(self.pending_fence.items()):
+            del self.pending_fence[inst]
+            w = (now - t) * 1000.0
+            self.fence_waits.append(w)
+            self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], w), 1)
+            for r in self.ranks_of[inst]:  # the transport is torn down: fence only now
+                self.m["rank_fences"] += 1
+                self.table.fence_rank(r)
+
+    def shutdown(self, grace=10.0):
+        """STOP every prefill; their connections close; wait for the releases."""
+        for inst, c in list(self.conns.items()):
+            c.send(t="STOP")
+        t0 = time.monotonic()
+        while (self.alive or self.pending_fence) and time.monotonic() - t0 < grace:
+            self.step(0.01)
+        for inst, p in self.procs.items():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 0.3:
+            self.step(0.01)
+        # late landings on free pages after everything stopped
+        for p in self.free:
+            if header(self.page(p))[0] != MAGIC_FREE:
+                self.m["stale_landings_on_free_pages"] += 1
+                self.m["corrupted_pages"] += 1
+        unreleased = sum(len(r.pages) for r in self.recs.values())
+        self.m["pages_unreleased_at_end"] = unreleased
+        self.m["lost_pages"] = self.npages - len(self.free) - len(self.retired) - unreleased
+        try:
+            self.lsock.close()
+        except OSError:
+            pass
+
+    def summary(self, duration):
+        lat = sorted(self.lat)
+
+        def pct(q):
+            if not lat:
+                return None
+            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 1)
+
+        out = {"rule": self.rule}
+        out.update(self.m)
+        ps = {}
+        for s in self.pstats.values():
+            for k, v in s.items():
+                ps[k] = ps.get(k, 0) + v
+        out["stale_writes_refused"] = ps.get("stale_writes_refused", 0)
+        out["chunks_written"] = ps.get("chunks_written", 0)
+        out["abort_to_release_ms_p50"] = pct(0.5)
+        out["abort_to_release_ms_p99"] = pct(0.99)
+        out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0
+        return out
+
+
+def run_mixed(cfg, rule):
+    """A seeded mixed load; the same schedule for every rule."""
+    d = Decode(cfg, rule)
+    rng = random.Random(cfg.seed)
+    try:
+        d.start(cfg.instances)
+        t0 = time.monotonic()
+        end = t0 + cfg.duration
+        killed = False
+        respawn_at = None
+        rr = 0
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            if cfg.kill_at is not None and not killed and now - t0 >= cfg.kill_at:
+                # kill -9 the instance with the most writes in flight
+                busy = {}
+                for r in d.recs.values():
+                    if r.state == TRANSFER:
+                        busy[r.inst] = busy.get(r.inst, 0) + 1
+                victim = max(busy, key=busy.get) if busy else 0
+                d.kill(victim)
+                killed = True
+                respawn_at = (victim, now + 0.5)
+            if respawn_at and now >= respawn_at[1] and respawn_at[0] not in d.conns \
+                    and respawn_at[0] not in d.pending_fence:
+                d.spawn(respawn_at[0])
+                respawn_at = None
+            active = sum(1 for r in d.recs.values() if r.state in (TRANSFER, DECODING))
+            alive = sorted(d.alive)
+            while active < cfg.max_inflight and alive and len(d.free) >= cfg.pages_per_request:
+                inst = alive[rr % len(alive)]
+                rr += 1
+                # the request's fate comes from the seeded stream (same for every rule)
+                slow = rng.random() < cfg.slow_share
+                ab = rng.random() < cfg.abort_share
+                fail = rng.random() < cfg.fail_share
+                ab_ms = rng.uniform(0, cfg.abort_max_ms)
+                rec = d.admit(inst, delay_ms=cfg.delay_ms if slow else 0,
+                              fail_chunk=(cfg.pages_per_request - 1) if fail else -1,
+                              abort_at=(time.monotonic() + ab_ms / 1000.0) if ab else None)
+                if rec is None:
+                    break
+                active += 1
+            d.step(0.002)
+        duration = time.monotonic() - t0
+        # let requests in flight end (aborting rooms under timeout-30s may stay held)
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 3.0 and any(
+                r.state in (TRANSFER, DECODING) for r in d.recs.values()):
+            d.step(0.005)
+        d.m["pages_held_awaiting_drain_at_end"] = sum(
+            len(r.pages) for r in d.recs.values() if r.state == ABORTING)
+        d.shutdown()
+        return d.summary(duration)
+    finally:
+        for p in d.procs.values():
+            if p.poll() is None:
+                p.kill()
+
+
+def run_repro(cfg, rule, runs):
+    """The race, forced: request A's chunk is committed (begin_transfer succeeded) and its
+    Mooncake write throttled; the decode aborts A on the COMMIT notice; B gets A's pages
+    (LIFO) from another instance and is decoded for decode_ms while A's write lands."""
+    d = Decode(cfg, rule)
+    per_run = []
+    try:
+        d.start(2)
+        for k in range(runs):
+            before = (d.m["corrupted_pages"], d.m["corrupted_requests"])
+            a = d.admit(0, delay_ms=cfg.delay_ms, notify=True, abort_on_commit=True)
+            if a is None:
+                raise RuntimeError("repro: no pages for A")
+            t0 = time.monotonic()
+            while a.state == TRANSFER and time.monotonic() - t0 < 10:
+                d.step(0.001)
+            while not a.released and time.monotonic() - t0 < 40:
+                d.step(0.001)  # naive: at once; timeout: ACK or deadline; kvfence: drained
+            b = None
+            while b is None and time.monotonic() - t0 < 40:
+                b = d.admit(1)
+                d.step(0.001)
+            if b is None:
+                raise RuntimeError("repro: B not admitted (pages held)")
+            same = len(set(a.pages) & set(b.pages))
+            while b.state != DONE and time.monotonic() - t0 < 40:
+                d.step(0.001)
+            # wait until A's rank has ACKed (its write ended), then look at the free pages
+            while a.id not in d.acked and time.monotonic() - t0 < 40:
+                d.step(0.005)
+            t2 = time.monotonic()
+            while time.monotonic() - t2 < 0.05:
+                d.step(0.005)
+            for p in d.free:
+                if header(d.page(p))[0] != MAGIC_FREE:
+                    d.m["stale_landings_on_free_pages"] += 1
+                    d.m["corrupted_pages"] += 1
+                    stamp(d.page(p), MAGIC_FREE, 0)
+            after = (d.m["corrupted_pages"], d.m["corrupted_requests"])
+            per_run.append({"run": k, "corrupted": after != before, "pages_shared": same,
+                            "b_errors": b.why})
+        d.shutdown()
+        out = d.summary(0)
+        out["runs"] = runs
+        out["corrupted_runs"] = sum(r["corrupted"] for r in per_run)
+        out["per_run"] = per_run
+        return out
+    finally:
+        for p in d.procs.values():
+            if p.poll() is None:
+                p.kill()

@@ -1,0 +1,312 @@
+"""A prefill instance: its own Mooncake engine, R ranks (a worker thread and a transport
+thread each), a control connection to the decode.
+
+    python -m kvfence_e2e.prefill --inst I --ranks 0,1 --ctl PORT --session HOST:PORT --rule R
+
+Every chunk write is guarded:
+* rule kvfence: by a kvfence transfer on the rank's own *source room* (gate-mode table,
+  one room per request, writer = the decode peer); ABORT_ACK is sent when that room is
+  released, i.e. once every write started for it is done; a write that fails (-1: outcome
+  unknown) keeps the room held, so no ACK is sent (the decode waits for a fence).
+* other rules: SGLang's scheme: an outstanding counter and an aborted flag under a lock; a
+  failed write counts as finished; the last finished write of an aborted request ACKs.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .common import Conn, fill_page
+
+DECODE_PEER = 0  # the decode's rank id in this instance's source-room tables
+BAD_OFFSET = 1 << 40  # a destination outside every registered buffer: Mooncake returns -1
+
+
+class ReqState:
+    __slots__ = ("req", "h", "chunks", "delay", "fail_chunk", "notify", "aborted",
+                 "outstanding", "done", "acked", "src", "lock", "failed", "finished")
+
+    def __init__(self, m):
+        self.req, self.h = m["req"], m["h"]
+        self.chunks = m["chunks"]
+        self.delay = m.get("delay_ms", 0) / 1000.0
+        self.fail_chunk = m.get("fail_chunk", -1)
+        self.notify = m.get("notify", False)
+        self.aborted = False
+        self.outstanding = 0
+        self.done = 0
+        self.acked = False
+        self.failed = False
+        self.finished = False
+        self.src = None
+        self.lock = threading.Lock()
+
+
+class Rank:
+    def __init__(self, proc, rank, ring, ring_addr, page_size):
+        self.p, self.rank = proc, rank
+        self.ring, self.ring_addr, self.ps = ring, ring_addr, page_size
+        self.nslots = ring.size // page_size
+        self.free_slots = list(range(self.nslots))
+        self.slot_cv = threading.Condition()
+        self.work = []  # FIFO of ReqState
+        self.work_cv = threading.Condition()
+        self.heap = []  # (due, seq, item) delayed submissions
+        self.tx_cv = threading.Condition()
+        self.seq = itertools.count()
+        self.reqs = {}
+        self.table = None
+        if proc.rule == "kvfence":
+            import kvfence
+            self.kvfence = kvfence
+            self.table = kvfence.RoomTable(4096, release_queue=False)
+        self.stats = {"chunks_written": 0, "stale_writes_refused": 0, "writes_failed": 0}
+        threading.Thread(target=self.worker, daemon=True).start()
+        threading.Thread(target=self.transport, daemon=True).start()
+
+    # ---- control (receiver thread) ----
+    def on_req(self, m):
+        st = ReqState(m)
+        if self.table is not None:
+            st.src = self.table.open([DECODE_PEER], [], token=st.req)
+        self.reqs[st.req] = st
+        with self.work_cv:
+            self.work.append(st)
+            self.work_cv.notify()
+
+    def on_abort(self, m):
+        st = self.reqs.get(m["req"])
+        if st is None:
+            self.send("ACK", m["req"], m["h"])
+            return
+        if self.table is not None:
+            try:
+                self.table.abort(st.src)
+                self.table.quiesce(st.src, DECODE_PEER)  # the decode asked: it is told
+            except self.kvfence.Error:
+                pass  # source room already released (all written): ACK below
+            self.deliver()
+            if self.table.phase(st.src) == "free":
+                with st.lock:
+                    if not st.acked:
+                        st.acked = True
+                        self.send("ACK", st.req, st.h)
+            return
+        with st.lock:
+            st.aborted = True
+            ack = st.outstanding == 0 and not st.acked
+            st.acked |= ack
+        if ack:
+            self.send("ACK", st.req, st.h)
+
+    def deliver(self):
+        """kvfence: act on every release of a source room, exactly once."""
+        any_ = False
+        for r in self.table.drain_released():
+            st = self.reqs.get(r.token)
+            if st is None:
+                continue
+            any_ = True
+            if r.reason == "finished":
+                self.send("DONE", st.req, st.h)
+            else:  # aborted: every write started for it has ended
+                with st.lock:
+                    if not st.acked:
+                        st.acked = True
+                        self.send("ACK", st.req, st.h)
+        return any_
+
+    def send(self, t, req, h, **kw):
+        self.p.conn.send(t=t, req=req, h=h, rank=self.rank, **kw)
+
+    # ---- worker: decides and starts each chunk ----
+    def worker(self):
+        while True:
+            with self.work_cv:
+                while not self.work:
+                    self.work_cv.wait()
+                st = self.work.pop(0)
+            for i, (chunk, dst) in enumerate(st.chunks):
+                if self.table is not None:
+                    try:
+                        x = self.table.begin_transfer(st.src, peer=DECODE_PEER)
+                    except (self.kvfence.RoomClosed, self.kvfence.StaleHandle):
+                        # aborted (or aborted and already released): a stale write refused
+                        self.stats["stale_writes_refused"] += len(st.chunks) - i
+                        break
+                else:
+                    with st.lock:
+                        if st.aborted:
+                            self.stats["stale_writes_refused"] += len(st.chunks) - i
+                            break
+                        st.outstanding += 1
+                    x = None
+                with self.slot_cv:
+                    while not self.free_slots:
+                        self.slot_cv.wait()
+                    slot = self.free_slots.pop()
+                view = self.ring[slot * self.ps:(slot + 1) * self.ps]
+                fill_page(view, st.req, chunk)  # "compute" the KV of this chunk
+                if st.notify:
+                    self.send("COMMIT", st.req, st.h, chunk=chunk)
+                item = (st, chunk, x, slot, dst, chunk == st.fail_chunk)
+                with self.tx_cv:
+                    heapq.heappush(self.heap, (time.monotonic() + st.delay, next(self.seq), item))
+                    self.tx_cv.notify()
+
+    # ---- transport: submits (after the throttle delay) and polls Mooncake ----
+    def transport(self):
+        eng, sess = self.p.engine, self.p.session
+        inflight = []  # (transfer ids, item)
+        orphans = []  # ids still pending after their chunk was reported failed
+        while True:
+            now = time.monotonic()
+            due = []
+            with self.tx_cv:
+                while self.heap and self.heap[0][0] <= now:
+                    due.append(heapq.heappop(self.heap)[2])
+                if not due and not inflight and not orphans:
+                    timeout = (self.heap[0][0] - now) if self.heap else None
+                    self.tx_cv.wait(timeout)
+                    continue
+            for item in due:
+                st, chunk, x, slot, dst, fail = item
+                src = self.ring_addr + slot * self.ps
+                ids = [eng.transfer_submit_write(sess, src, dst, self.ps)]
+                if fail:  # plus a slice outside every registered buffer: it returns -1
+                    ids.append(eng.transfer_submit_write(sess, src, dst + BAD_OFFSET, 4096))
+                inflight.append((ids, item))
+            keep = []
+            for ids, item in inflight:
+                # (get_batch_transfer_status on several batches in flight crashes the
+                # 0.3.13 wheel: single transfers + transfer_check_status are used instead)
+                res = [eng.transfer_check_status(i) for i in ids]
+                if any(r < 0 for r in res):
+                    # the chunk failed; a sibling slice may still be landing
+                    orphans.extend(i for i, r in zip(ids, res) if r == 0)
+                    self.end(item, False)
+                elif all(r == 1 for r in res):
+                    self.end(item, True)
+                else:
+                    keep.append(([i for i, r in zip(ids, res) if r != 1], item))
+            inflight = keep
+            orphans = [i for i in orphans if eng.transfer_check_status(i) == 0]
+            if inflight or orphans:
+                time.sleep(0.0005)
+
+    def end(self, item, ok):
+        st, chunk, x, slot, dst, fail = item
+        if ok:
+            self.stats["chunks_written"] += 1
+            with self.slot_cv:
+                self.free_slots.append(slot)
+                self.slot_cv.notify()
+        else:
+            self.stats["writes_failed"] += 1  # the slot is never reused: a slice may still read it
+        if self.table is not None:
+            if ok:
+                x.complete()
+            else:
+                x.fail()  # outcome unknown: the source room stays held
+                if not st.failed:
+                    st.failed = True
+                    self.send("FAIL", st.req, st.h)
+            with st.lock:
+                st.done += ok
+                last = st.done == len(st.chunks)
+            if last:
+                try:
+                    self.table.finish(st.src)
+                    self.table.quiesce(st.src, DECODE_PEER)
+                except self.kvfence.Error:
+                    pass  # aborted meanwhile: the release says "aborted" and ACKs
+            self.deliver()
+            return
+        with st.lock:
+            st.outstanding -= 1
+            st.done += 1  # SGLang: a failed transfer counts as finished
+            ack = st.aborted and st.outstanding == 0 and not st.acked
+            st.acked |= ack
+            last = st.done == len(st.chunks) and not st.aborted
+        if not ok and not st.failed:
+            st.failed = True
+            self.send("FAIL", st.req, st.h)
+        if ack:
+            self.send("ACK", st.req, st.h)
+        elif last and not st.failed:
+            self.send("DONE", st.req, st.h)
+
+
+class Proc:
+    def __init__(self, a):
+        from mooncake.engine import TransferEngine
+        self.rule, self.inst = a.rule, a.inst
+        self.engine = TransferEngine()
+        if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            sys.exit("prefill: Mooncake initialize failed")
+        ranks = [int(r) for r in a.ranks.split(",")]
+        per = a.ring * a.page_size
+        self.buf = np.zeros(per * len(ranks), dtype=np.uint8)
+        base = self.buf.ctypes.data
+        if self.engine.register_memory(base, self.buf.size) != 0:
+            sys.exit("prefill: register_memory failed")
+        self.session = a.session
+        s = socket.create_connection(("127.0.0.1", a.ctl))
+        self.conn = Conn(s)
+        self.conn.send(t="HELLO", inst=a.inst, ranks=ranks, pid=os.getpid())
+        m = self.conn.recv()
+        if m is None or m["t"] != "WELCOME":
+            sys.exit("prefill: no WELCOME")
+        # Warm the Mooncake session (handshake) with one small write into the scratch page.
+        rc = self.engine.transfer_sync_write(self.session, base, m["scratch"], 64)
+        if rc != 0:
+            sys.exit("prefill: warm-up write failed")
+        self.ranks = {r: Rank(self, r, self.buf[i * per:(i + 1) * per], base + i * per, a.page_size)
+                      for i, r in enumerate(ranks)}
+        self.conn.send(t="READY", inst=a.inst)
+
+    def serve(self):
+        while True:
+            m = self.conn.recv()
+            if m is None:
+                os._exit(0)  # the decode is gone
+            t = m["t"]
+            if t == "REQ":
+                self.ranks[m["rank"]].on_req(m)
+            elif t == "ABORT":
+                self.ranks[m["rank"]].on_abort(m)
+            elif t == "STOP":
+                tot = {}
+                for r in self.ranks.values():
+                    for k, v in r.stats.items():
+                        tot[k] = tot.get(k, 0) + v
+                self.conn.send(t="STATS", inst=self.inst, stats=tot)
+                time.sleep(0.05)
+                os._exit(0)
+
+
+def main():
+    import faulthandler, signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.enable()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--inst", type=int, required=True)
+    ap.add_argument("--ranks", required=True)
+    ap.add_argument("--ctl", type=int, required=True)
+    ap.add_argument("--session", required=True)
+    ap.add_argument("--rule", required=True)
+    ap.add_argument("--page-size", type=int, required=True)
+    ap.add_argument("--ring", type=int, default=256)
+    Proc(ap.parse_args()).serve()
+
+
+if __name__ == "__main__":
+    main()
