@@ -38,6 +38,9 @@ bash sim/ci.sh
 step "Python package: build with maturin, install, pytest"
 bash scripts/python.sh
 
+step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
+bash e2e/ci.sh
+
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else
