@@ -38,11 +38,11 @@
 //! The contract this gives (also on [`RoomTable::fence_rank`]): when `open` returns a room,
 //! every writer rank is pending in it and no fence has touched it; from then on it waits on
 //! each writer until that rank quiesces it or a later `fence_rank` of the rank reaches it.
-//! So the caller sends the request over each rank's transport *as it is when `open`
-//! returned* (a fence may have come and gone meanwhile: the new incarnation is the one the
-//! room waits on), and after a `fence_rank(r)` it never routes a room opened before it to
-//! `r`'s next incarnation. These rules were checked exhaustively on a small instance by the
-//! SPIN model in `verify/spin/` (its variants reproduce both pre-fix races).
+//! The caller's side of the contract (on [`RoomTable::fence_rank`]): readmit a rank before
+//! its new transport carries anything, and send a room only over an admitted rank's
+//! transport, the incarnation current when `open` returned. The SPIN model in
+//! `verify/spin/` checks these rules exhaustively on small instances; its variants show
+//! each one broken (and both pre-fix races).
 //!
 //! The test-only mutation `kvfence_unserialized_readmit` restores the old behaviour
 //! (readmit without the lock): `tests/scanner_races.rs` must catch it (`scripts/mutations.sh`);
@@ -148,14 +148,21 @@ impl RoomTable {
     /// with `readmit_rank`; it is not a hot-path call.
     ///
     /// # Contract with `open` and `readmit_rank`
-    /// * Every room whose `open` returned before this call began has `rank` quiesced when
-    ///   it returns. An `open` that overlaps it either is refused with
-    ///   [`Error::RankFenced`] or returns a room in which `rank` is quiesced by this call
-    ///   (the fence counts as later than that open).
-    /// * A room that `open` returned was touched by no fence before it returned: send its
-    ///   request over each writer's transport as it is when `open` returned (after a
-    ///   `readmit_rank`, the new one). Never route a room opened before a fence to the
-    ///   rank's next incarnation: open a new room.
+    /// The table guarantees: every room whose `open` returned before this call began has
+    /// `rank` quiesced when it returns; a room that `open` returns was touched by no fence
+    /// before it returned (an overlapping `open` that sees the fence, or whose room it
+    /// already quiesced, rolls back and refuses [`Error::RankFenced`]); a fence never
+    /// touches a room whose `open` began after `readmit_rank(rank)` returned.
+    ///
+    /// The integrator must (each rule is broken by a variant of the SPIN model in
+    /// `verify/spin/`, which then finds a page reused under a live writer):
+    /// 1. stop sending to the rank, tear down its transport, then fence it;
+    /// 2. call [`readmit_rank`](Self::readmit_rank) *before* a new incarnation's transport
+    ///    carries anything (requests or transfers);
+    /// 3. send a room's requests and post its transfers only over an admitted rank's
+    ///    transport (not between the start of `fence_rank` and the return of
+    ///    `readmit_rank`), and only over the incarnation current when the room's `open`
+    ///    returned: never route a room opened before a fence to the next incarnation.
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::TooManyFenced`].

@@ -166,9 +166,12 @@ impl RoomTable {
         queue: bool,
     ) -> Option<Released> {
         let slot = &self.slots[index].0;
-        // The marks were stored before the room could reach zero holds (before the rollback's
-        // or the quarantine's own RMWs), and every release RMW comes later in the room
-        // word's order: they are visible here.
+        // A release that depends on a rollback's or a quarantine's own RMWs sees its mark
+        // (stored before those RMWs; every release RMW is later in the room word's order).
+        // A quarantine that lands after the deciding RMW (in the gap before FREE is stored)
+        // may or may not be seen: if seen, the pages are kept out for good although they
+        // drained (safe, a leak the stats count); the quarantine itself reports a stale
+        // handle either way.
         if slot.rolled_back.load(Ordering::Relaxed) == mark(gen) {
             let _ = self.deliver(index, gen, Reason::Aborted, false);
             return None;

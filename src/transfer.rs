@@ -46,6 +46,9 @@ pub enum Outcome {
     Completed,
     /// The transfer engine reported an error or a timeout: bytes may still land. The room
     /// stays held until the transfer's peer rank is fenced, or the room is quarantined.
+    /// If the peer is fenced already, the hold is dropped at once: that assumes the bytes
+    /// went over the torn-down transport, so never post a transfer over a rank's new
+    /// transport before [`RoomTable::readmit_rank`] returned.
     Failed,
 }
 
