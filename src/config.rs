@@ -38,7 +38,7 @@ pub struct Config {
     pub release_queue: bool,
     /// How many ranks can be fenced at once (`1..=65536`; default 256).
     pub max_fenced: usize,
-    /// Transfers begun with [`RoomTable::begin`] (token form) in flight at once
+    /// Transfers begun with [`RoomTable::begin`](crate::RoomTable::begin) (token form) in flight at once
     /// (`1..=2^24`; default 4 per room, at most 2^24).
     pub max_tokens: usize,
 }
