@@ -7,14 +7,23 @@
 # 2. Rebuilds with each test-only protocol mutation of the library and runs, one by one and
 #    by exact name, the models that must catch it: each must FAIL (by an assertion, a loom
 #    data-race report or a loom deadlock report, never by a build error or a timeout).
-#      --cfg kvfence_naive_release       (abort releases at once)     -> models 1, 2, 3, 4
-#      --cfg kvfence_skip_ack_gen_check  (ACKs ignore the generation) -> model 4
-# 3. Reports (informational only) whether the known library issue model still fails.
+#      --cfg kvfence_naive_release            (abort releases at once)      -> models 1-4
+#      --cfg kvfence_skip_ack_gen_check       (ACKs ignore the generation)  -> model 4
+#      --cfg kvfence_failed_counts_as_drained (failed transfer = drained)   -> model 10
+#      --cfg kvfence_racy_queue_pop           (queue pop: load + store)     -> model 11
+#      --cfg kvfence_quarantine_frees_pages   (quarantine frees the pages)  -> model 12
+# 3. Informational only (never changes the exit status):
+#      --cfg kvfence_unserialized_readmit -> m6_fence_vs_readmit_then_open is expected NOT to
+#        catch it (loom's one-last-access blind spot; tests/scanner_races.rs catches it);
+#      the known library issue model m4_late_ack_error_kind (#[ignore]d in the suite):
+#        reports whether it still fails.
 #
 # Each cfg set builds in its own subfolder of the target dir ($BASE/loom, $BASE/loom-naive,
-# $BASE/loom-skip-ack), so switching RUSTFLAGS never forces a full rebuild of another set.
+# ...), so switching RUSTFLAGS never forces a full rebuild of another set; a mutation set
+# builds only the test files it runs.
 # Exit status: 0 only if the suite passed and every expected mutation was caught.
 set -u -o pipefail
+RUN_START=$(date +%s)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -32,19 +41,20 @@ FAILED=0
 ROWS=()
 row() { ROWS+=("$(printf '%-38s %-28s %-9s %-10s %s' "$1" "$2" "$3" "$4" "$5")"); }
 
-# build <target-subdir> <rustflags>: build the test binaries of one cfg set (once per run).
-declare -A BUILT=()
+# build <target-subdir> <rustflags> [test-file...]: build the test binaries of one cfg set
+# (all of them, or only the given test files).
 build() {
     local dir="$1" flags="$2" log="$LOGDIR/build-$1.log"
-    [ -n "${BUILT[$dir]:-}" ] && return 0
-    echo "== build [$flags] -> $BASE/$dir"
+    shift 2
+    local files=()
+    for f in "$@"; do files+=(--test "$f"); done
+    echo "== build [$flags] -> $BASE/$dir ${*:-(all models)}"
     if ! CARGO_TARGET_DIR="$BASE/$dir" RUSTFLAGS="$flags" \
-        cargo test -p "$PKG" --release --no-run >"$log" 2>&1; then
+        cargo test -p "$PKG" --release --no-run "${files[@]}" >"$log" 2>&1; then
         tail -30 "$log"
         echo "build failed (log: $log)"
         return 1
     fi
-    BUILT[$dir]=1
 }
 
 # --- 1. the suite -----------------------------------------------------------------------
@@ -54,11 +64,11 @@ if build loom "$FLAGS"; then
     echo "== suite [$FLAGS]"
     start=$(date +%s)
     CARGO_TARGET_DIR="$BASE/loom" RUSTFLAGS="$FLAGS" timeout "$SUITE_TIMEOUT" \
-        cargo test -p "$PKG" --release -- --nocapture >"$log" 2>&1
+        cargo test -p "$PKG" --release -- --nocapture --test-threads=1 >"$log" 2>&1
     rc=$?
     secs=$(($(date +%s) - start))
-    grep '^loom-model ' "$log" | sed 's/^/   /'
-    models=$(grep -c '^loom-model ' "$log")
+    grep -o 'loom-model .*' "$log" | sed 's/^/   /'
+    models=$(grep -c 'loom-model ' "$log")
     if [ "$rc" -eq 0 ] && [ "$models" -gt 0 ]; then
         row "suite ($models models)" "$FLAGS" pass PASS "${secs}s"
     else
@@ -75,37 +85,55 @@ else
 fi
 
 # --- 2. mutations -----------------------------------------------------------------------
+# run_model <target-subdir> <rustflags> <test-file> <test-name> <log> [extra test args]:
+# runs one model by exact name; sets RC and REASON (what failed, if it failed as a model).
+run_model() {
+    local dir="$1" flags="$2" file="$3" name="$4" log="$5"
+    shift 5
+    CARGO_TARGET_DIR="$BASE/$dir" RUSTFLAGS="$flags" timeout "$MODEL_TIMEOUT" \
+        cargo test -p "$PKG" --release --test "$file" -- --exact "$name" --nocapture "$@" \
+        >"$log" 2>&1
+    RC=$?
+    REASON=""
+    # A model failure: libtest's FAILED line, or a model panic (assertion / loom report)
+    # that aborted the process (a panic in a destructor while another model thread lived).
+    if [ "$RC" -ne 0 ] && [ "$RC" -ne 124 ] && { grep -q "^test $name \.\.\. FAILED" "$log" ||
+        { grep -q 'panic in a destructor during cleanup' "$log" &&
+            grep -qE 'panicked at (loom-tests/tests/|.*loom-0\.7\.[0-9]+/src/rt/location\.rs)' "$log"; }; }; then
+        # What failed: the first panic message of the model.
+        REASON=$(grep -A2 -m1 'panicked at' "$log" | sed -n '2,3p' | grep -v '^$' | head -1)
+        if grep -q 'Causality violation' "$log"; then
+            REASON="loom data race: $(grep -m1 -o 'Concurrent [a-z ]* accesses to .UnsafeCell.' "$log")"
+        elif grep -qi 'deadlock' "$log"; then
+            REASON="loom deadlock"
+        fi
+        [ -n "$REASON" ] || REASON="failed"
+    fi
+}
+
 # expect_caught <target-subdir> <rustflags> <label> <required|extra> <test-file>:<test-name>...
 expect_caught() {
     local dir="$1" flags="$2" label="$3" need="$4"
     shift 4
-    if ! build "$dir" "$flags"; then
+    local spec files=()
+    for spec in "$@"; do files+=("${spec%%:*}"); done
+    if ! build "$dir" "$flags" "${files[@]}"; then
         row "(build)" "$label" fail FAIL "build failed: mutation not checked"
         FAILED=1
         return
     fi
-    local spec file name log rc reason
+    local file name log
     for spec in "$@"; do
         file="${spec%%:*}"
         name="${spec#*:}"
         log="$LOGDIR/$dir-$name.log"
-        CARGO_TARGET_DIR="$BASE/$dir" RUSTFLAGS="$flags" timeout "$MODEL_TIMEOUT" \
-            cargo test -p "$PKG" --release --test "$file" -- --exact "$name" --nocapture \
-            >"$log" 2>&1
-        rc=$?
-        if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "^test $name \.\.\. FAILED" "$log"; then
-            # What failed: the first panic message of the model.
-            reason=$(grep -A2 -m1 'panicked at' "$log" | sed -n '2,3p' | grep -v '^$' | head -1)
-            if grep -q 'Causality violation' "$log"; then
-                reason="loom data race: $(grep -m1 -o 'Concurrent [a-z ]* accesses to .UnsafeCell.' "$log")"
-            elif grep -qi 'deadlock' "$log"; then
-                reason="loom deadlock"
-            fi
-            row "$name" "$label" fail CAUGHT "${reason:0:90}"
+        run_model "$dir" "$flags" "$file" "$name" "$log"
+        if [ -n "$REASON" ]; then
+            row "$name" "$label" fail CAUGHT "${REASON:0:90}"
         else
             local why="model passed"
-            [ "$rc" -eq 124 ] && why="timeout after ${MODEL_TIMEOUT}s"
-            [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && why="exit $rc without a model failure"
+            [ "$RC" -eq 124 ] && why="timeout after ${MODEL_TIMEOUT}s"
+            [ "$RC" -ne 0 ] && [ "$RC" -ne 124 ] && why="exit $RC without a model failure"
             if [ "$need" = required ]; then
                 row "$name" "$label" fail "NOT-CAUGHT" "$why (log: $log)"
                 FAILED=1
@@ -116,15 +144,53 @@ expect_caught() {
     done
 }
 
-expect_caught loom-naive "--cfg loom --cfg kvfence_naive_release" naive_release required \
+NAIVE="--cfg loom --cfg kvfence_naive_release"
+expect_caught loom-naive "$NAIVE" naive_release required \
     m1_abort_vs_transfer:m1_abort_vs_transfer_in_flight \
+    m1_abort_vs_transfer:m1_gate_queue_abort_vs_transfer \
     m2_abort_vs_begin:m2_abort_vs_begin_transfer \
     m3_acks_and_completion:m3_two_acks_and_last_completion \
     m4_late_ack_after_reuse:m4_late_ack_after_reuse
-expect_caught loom-skip-ack "--cfg loom --cfg kvfence_skip_ack_gen_check" skip_ack_gen_check \
-    required m4_late_ack_after_reuse:m4_late_ack_after_reuse
-expect_caught loom-skip-ack "--cfg loom --cfg kvfence_skip_ack_gen_check" skip_ack_gen_check \
-    extra m3_acks_and_completion:m3_two_acks_and_last_completion
+SKIP="--cfg loom --cfg kvfence_skip_ack_gen_check"
+expect_caught loom-skip-ack "$SKIP" skip_ack_gen_check required \
+    m4_late_ack_after_reuse:m4_late_ack_after_reuse
+expect_caught loom-skip-ack "$SKIP" skip_ack_gen_check extra \
+    m3_acks_and_completion:m3_two_acks_and_last_completion
+expect_caught loom-failed-drained "--cfg loom --cfg kvfence_failed_counts_as_drained" \
+    failed_counts_as_drained required \
+    m10_failed_transfer:m10_failed_transfer \
+    m10_failed_transfer:m10_failed_token_then_fence
+expect_caught loom-racy-pop "--cfg loom --cfg kvfence_racy_queue_pop" racy_queue_pop required \
+    m11_release_queue:m11_release_queue
+expect_caught loom-quarantine "--cfg loom --cfg kvfence_quarantine_frees_pages" \
+    quarantine_frees_pages required \
+    m12_quarantine:m12_quarantine
+
+# --- 3. informational -------------------------------------------------------------------
+# Loom's blind spot: the readmit-vs-running-fence race is not reachable in loom's model of
+# the room word (one "last access" per atomic); the real-thread tests catch this mutation.
+UNSER="--cfg loom --cfg kvfence_unserialized_readmit"
+name=m6_fence_vs_readmit_then_open
+if build loom-unserialized "$UNSER" m6_fence_vs_quiesce; then
+    run_model loom-unserialized "$UNSER" m6_fence_vs_quiesce "$name" \
+        "$LOGDIR/loom-unserialized-$name.log"
+    if [ -n "$REASON" ]; then
+        row "$name" unserialized_readmit "not caught" "caught" "${REASON:0:70} (informational)"
+    else
+        row "$name" unserialized_readmit "not caught" "not caught" \
+            "expected: loom blind spot; tests/scanner_races.rs catches it (informational)"
+    fi
+else
+    row "$name" unserialized_readmit "not caught" "(build)" "build failed (informational)"
+fi
+# The known library issue (see README): reported, never fails the run.
+name=m4_late_ack_error_kind
+run_model loom "--cfg loom" m4_late_ack_after_reuse "$name" "$LOGDIR/loom-$name.log" --ignored
+if [ -n "$REASON" ]; then
+    row "$name" "(known issue)" "info" "still fails" "${REASON:0:80}"
+else
+    row "$name" "(known issue)" "info" "passes" "fixed? remove its #[ignore] (rc $RC)"
+fi
 
 # --- summary ----------------------------------------------------------------------------
 echo
@@ -132,7 +198,7 @@ echo "== kvfence loom summary (logs: $LOGDIR)"
 printf '%-38s %-28s %-9s %-10s %s\n' check cfg expected result detail
 for r in "${ROWS[@]}"; do echo "$r"; done
 if [ "$FAILED" -ne 0 ]; then
-    echo "RESULT: FAIL (the suite failed or a mutation was not caught)"
+    echo "RESULT: FAIL (the suite failed or a mutation was not caught) after $(($(date +%s) - RUN_START))s"
     exit 1
 fi
-echo "RESULT: OK (suite passed, every expected mutation caught)"
+echo "RESULT: OK (suite passed, every expected mutation caught) in $(($(date +%s) - RUN_START))s"

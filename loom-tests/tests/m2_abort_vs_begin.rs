@@ -12,24 +12,26 @@
 mod common;
 
 use common::{assert_at_rest, check, exactly_one, reuse, Arena, A, EXHAUSTIVE};
-use kvfence::{Error, Phase, RankSet};
+use kvfence::{Error, Phase, Reason};
 use loom::thread;
 
 #[test]
 fn m2_abort_vs_begin_transfer() {
     check("m2_abort_vs_begin_transfer", 2, EXHAUSTIVE, || {
-        let table = common::table(1, 2, 1);
+        let table = common::pool(1, 2);
         let arena = Arena::new(2, 1);
-        let a = table.open(2, &RankSet::new()).unwrap();
+        let a = table.open(&[], 2).unwrap();
         let h = a.handle;
 
         let intent = {
             let (table, arena) = (table.clone(), arena.clone());
+            // The intent carries the page ids it was queued with.
+            let pages = a.pages.clone();
             thread::spawn(move || {
                 let mut out = Vec::new();
                 match table.begin_transfer(h) {
                     Ok(guard) => {
-                        guard.with_pages(|pages| arena.write(pages, 0, A));
+                        arena.write(&pages, 0, A);
                         if let Some(r) = guard.complete() {
                             out.push(r);
                             reuse(&table, &arena, &mut out);
@@ -55,9 +57,9 @@ fn m2_abort_vs_begin_transfer() {
         }
         releases.extend(intent.join().unwrap());
         let r = exactly_one(&releases, h);
-        assert_eq!((r.pages, r.phase), (2, Phase::Aborting));
+        assert_eq!((&r.pages, r.reason), (&a.pages, Reason::Aborted));
         // Whatever happened, a late intent for A is refused now.
         assert!(matches!(table.begin_transfer(h), Err(Error::StaleHandle)));
-        assert_at_rest(&table, 1, 2, 2);
+        assert_at_rest(&table, 1, Some(2), 2);
     });
 }

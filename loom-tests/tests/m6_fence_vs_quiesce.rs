@@ -25,16 +25,16 @@
 mod common;
 
 use common::{assert_at_rest, check, exactly_one, reuse, Arena, A, EXHAUSTIVE};
-use kvfence::{Error, Phase, Quiesced, RankSet};
+use kvfence::{Error, Quiesced, Reason};
 use loom::thread;
 
 #[test]
 fn m6_fence_vs_quiesce_same_rank() {
     check("m6_fence_vs_quiesce_same_rank", 3, Some(3), || {
-        let table = common::table(1, 2, 2);
+        let table = common::pool(1, 2);
         let arena = Arena::new(2, 2);
-        let both = RankSet::first(2).unwrap();
-        let a = table.open(2, &both).unwrap();
+        let both: &[u32] = &[0, 1];
+        let a = table.open(both, 2).unwrap();
         let h = a.handle;
         // Both ranks' last writes landed (rank 0's before its transport was torn down).
         arena.write(&a.pages, 0, A);
@@ -44,7 +44,7 @@ fn m6_fence_vs_quiesce_same_rank() {
             aborted.released.is_none(),
             "abort released with ranks pending"
         );
-        assert_eq!(aborted.fanout, both);
+        assert_eq!(&aborted.fanout[..], both);
 
         let acks: Vec<_> = (0..2u32)
             .map(|rank| {
@@ -60,6 +60,10 @@ fn m6_fence_vs_quiesce_same_rank() {
                         Ok(Quiesced::Recorded) => true,
                         // Rank 0 only: the fence got there first (and maybe released).
                         Ok(Quiesced::Duplicate) | Err(Error::StaleHandle) if rank == 0 => false,
+                        // KNOWN LIBRARY ISSUE (m4_late_ack_error_kind, README): after the
+                        // fence released the room and it was reused, the ACK may be
+                        // answered RankNotInRoom instead of StaleHandle (it changes nothing).
+                        Err(Error::RankNotInRoom { rank: 0 }) if rank == 0 => false,
                         other => panic!("ACK of rank {rank}: {other:?}"),
                     };
                     (cleared, out)
@@ -83,26 +87,26 @@ fn m6_fence_vs_quiesce_same_rank() {
              ({fenced:?})"
         );
         let r = exactly_one(&releases, h);
-        assert_eq!((r.pages, r.phase), (2, Phase::Aborting));
+        assert_eq!((&r.pages, r.reason), (&a.pages, Reason::Aborted));
         // The fenced rank protects no new room until re-admitted.
         assert_eq!(
-            table.open(1, &RankSet::first(1).unwrap()).unwrap_err(),
+            table.open(&[0], 1).unwrap_err(),
             Error::RankFenced { rank: 0 }
         );
         assert!(table.readmit_rank(0).unwrap());
-        assert_at_rest(&table, 1, 2, 2);
+        assert_at_rest(&table, 1, Some(2), 2);
     });
 }
 
 #[test]
 fn m6_fence_vs_open() {
     check("m6_fence_vs_open", 2, EXHAUSTIVE, || {
-        let table = common::table(1, 2, 1);
+        let table = common::pool(1, 2);
         let fencer = {
             let table = table.clone();
             thread::spawn(move || table.fence_rank(0).unwrap())
         };
-        let opened = table.open(2, &RankSet::first(1).unwrap());
+        let opened = table.open(&[0], 2);
         let fenced = fencer.join().unwrap();
         assert!(
             fenced.released.is_empty(),
@@ -114,7 +118,7 @@ fn m6_fence_vs_open() {
             Err(Error::RankFenced { rank: 0 }) => {
                 assert!(fenced.quiesced <= 1);
                 // A rolled-back room's release is not counted (no handle was issued).
-                assert_at_rest(&table, 1, 2, 0);
+                assert_at_rest(&table, 1, Some(2), 0);
             }
             Ok(b) => {
                 // Rank 0 can no longer answer: B must not wait on it.
@@ -123,8 +127,7 @@ fn m6_fence_vs_open() {
                     ab.fanout.is_empty() && ab.released.is_some(),
                     "room opened during a fence still waits on the fenced rank: {ab:?}"
                 );
-                assert!(table.take_orphaned().is_empty());
-                assert_at_rest(&table, 1, 2, 1);
+                assert_at_rest(&table, 1, Some(2), 1);
             }
             Err(e) => panic!("open: {e:?}"),
         }
@@ -134,7 +137,7 @@ fn m6_fence_vs_open() {
 #[test]
 fn m6_fence_vs_readmit_then_open() {
     check("m6_fence_vs_readmit_then_open", 2, EXHAUSTIVE, || {
-        let table = common::table(1, 2, 1);
+        let table = common::pool(1, 2);
         let fencer = {
             let table = table.clone();
             thread::spawn(move || table.fence_rank(0).unwrap())
@@ -142,7 +145,7 @@ fn m6_fence_vs_readmit_then_open() {
         // The failure detector re-admits the rank (a new transport) and a request opens a
         // room for that new transport.
         let readmitted = table.readmit_rank(0).unwrap();
-        let opened = table.open(2, &RankSet::first(1).unwrap());
+        let opened = table.open(&[0], 2);
         let _ = fencer.join().unwrap();
         let mut releases = 0;
         if readmitted {
@@ -167,6 +170,6 @@ fn m6_fence_vs_readmit_then_open() {
             releases = 1;
         }
         let _ = table.readmit_rank(0);
-        assert_at_rest(&table, 1, 2, releases);
+        assert_at_rest(&table, 1, Some(2), releases);
     });
 }

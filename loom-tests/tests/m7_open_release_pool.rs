@@ -12,12 +12,12 @@
 mod common;
 
 use common::{assert_at_rest, check, own_and_check, Arena, EXHAUSTIVE};
-use kvfence::{Error, Phase, RankSet, RoomTable};
+use kvfence::{Error, Reason, RoomTable};
 use loom::thread;
 
 /// One request's lifecycle: open `n` pages, own them, finish. Returns whether it opened.
 fn lifecycle(table: &RoomTable, arena: &Arena, n: usize, req: u64) -> bool {
-    match table.open(n, &RankSet::new()) {
+    match table.open(&[], n) {
         Ok(room) => {
             let mut sorted = room.pages.clone();
             sorted.sort_unstable();
@@ -34,8 +34,8 @@ fn lifecycle(table: &RoomTable, arena: &Arena, n: usize, req: u64) -> bool {
                 .unwrap()
                 .expect("nothing holds it: finish releases");
             assert_eq!(
-                (r.handle, r.pages, r.phase),
-                (room.handle, n, Phase::Draining)
+                (r.handle, &r.pages, r.reason),
+                (room.handle, &room.pages, Reason::Finished)
             );
             true
         }
@@ -51,7 +51,7 @@ fn lifecycle(table: &RoomTable, arena: &Arena, n: usize, req: u64) -> bool {
 #[test]
 fn m7_open_release_tiny_pool_2_threads() {
     check("m7_open_release_tiny_pool_2_threads", 2, EXHAUSTIVE, || {
-        let table = common::table(2, 3, 1);
+        let table = common::pool(2, 3);
         let arena = Arena::new(3, 1);
         let other = {
             let (table, arena) = (table.clone(), arena.clone());
@@ -61,14 +61,14 @@ fn m7_open_release_tiny_pool_2_threads() {
             lifecycle(&table, &arena, 2, 20) as u64 + lifecycle(&table, &arena, 2, 21) as u64;
         let opened = mine + other.join().unwrap();
         assert!(opened >= 1, "a lone request must always fit");
-        assert_at_rest(&table, 2, 3, opened);
+        assert_at_rest(&table, 2, Some(3), opened);
     });
 }
 
 #[test]
 fn m7_open_release_tiny_pool_3_threads() {
     check("m7_open_release_tiny_pool_3_threads", 3, Some(3), || {
-        let table = common::table(2, 3, 1);
+        let table = common::pool(2, 3);
         let arena = Arena::new(3, 1);
         let others: Vec<_> = [(1usize, 10u64), (2, 11)]
             .into_iter()
@@ -82,6 +82,6 @@ fn m7_open_release_tiny_pool_3_threads() {
             opened += t.join().unwrap();
         }
         assert!(opened >= 1);
-        assert_at_rest(&table, 2, 3, opened);
+        assert_at_rest(&table, 2, Some(3), opened);
     });
 }

@@ -12,21 +12,21 @@
 mod common;
 
 use common::{check, EXHAUSTIVE};
-use kvfence::{Quiesced, RankSet};
+use kvfence::Quiesced;
 use loom::thread;
 
 #[test]
 fn m8_open_after_wait_released() {
     check("m8_open_after_wait_released", 2, EXHAUSTIVE, || {
-        let table = common::table(1, 2, 1);
-        let a = table.open(2, &RankSet::first(1).unwrap()).unwrap();
+        let table = common::pool(1, 2);
+        let a = table.open(&[0], 2).unwrap();
         assert!(table.abort(a.handle).unwrap().released.is_none());
         let acker = {
             let table = table.clone();
             thread::spawn(move || table.quiesce(a.handle, 0).unwrap())
         };
         table.wait_released(a.handle).unwrap();
-        let b = table.open(2, &RankSet::new());
+        let b = table.open(&[], 2);
         assert!(
             b.is_ok(),
             "open right after wait_released failed: {b:?} (the release has not returned the \

@@ -1,9 +1,10 @@
 //! Model 8: a thread blocked in `wait_released` / `wait_idle` always wakes (no lost
 //! wake-up).
 //!
-//! The futex is modelled by the library's loom shim as a Mutex + Condvar table keyed by the
-//! word's address, so a waiter that sleeps is *blocked* for loom: a lost wake-up shows up as
-//! a loom deadlock ("all threads blocked"), never as a spin.
+//! Waiters park on the room's own `Mutex` + `Condvar` (`src/wait.rs`), which are loom's under
+//! `--cfg loom`, so a waiter that sleeps is *blocked* for loom: a lost wake-up shows up as a
+//! loom deadlock ("all threads blocked"), never as a spin. Loom has no clock: a wait never
+//! times out, the strict case for lost wake-ups.
 //!
 //! Threads: 2 (exhaustive: one waiter, one releasing ACK) and 3 (bound 3: two waiters,
 //! `wait_released` and `wait_idle`, and a releaser of two rooms).
@@ -12,14 +13,14 @@
 mod common;
 
 use common::{check, EXHAUSTIVE};
-use kvfence::{Phase, Quiesced, RankSet};
+use kvfence::{Phase, Quiesced};
 use loom::thread;
 
 #[test]
 fn m8_wait_released_wakes() {
     check("m8_wait_released_wakes", 2, EXHAUSTIVE, || {
-        let table = common::table(1, 1, 1);
-        let a = table.open(1, &RankSet::first(1).unwrap()).unwrap();
+        let table = common::pool(1, 1);
+        let a = table.open(&[0], 1).unwrap();
         let h = a.handle;
         assert!(table.abort(h).unwrap().released.is_none());
         let acker = {
@@ -35,10 +36,9 @@ fn m8_wait_released_wakes() {
 #[test]
 fn m8_two_waiters_wake() {
     check("m8_two_waiters_wake", 3, Some(3), || {
-        let table = common::table(2, 2, 1);
-        let rank0 = RankSet::first(1).unwrap();
-        let a = table.open(1, &rank0).unwrap();
-        let b = table.open(1, &rank0).unwrap();
+        let table = common::pool(2, 2);
+        let a = table.open(&[0], 1).unwrap();
+        let b = table.open(&[0], 1).unwrap();
         let (ha, hb) = (a.handle, b.handle);
         let idle_waiter = {
             let table = table.clone();

@@ -1,10 +1,10 @@
-//! Shared harness of the loom models: the model runner (bound, interleaving count) and the
-//! page arena that models page *contents*.
+//! Shared harness of the loom models: the model runner (bound, interleaving count), table
+//! constructors and the page arena that models page *contents*.
 //!
 //! Included by every model file with `mod common;`; not every model uses every item.
 #![allow(dead_code)]
 
-use kvfence::{Config, Released, RoomHandle, RoomTable};
+use kvfence::{Config, Reason, Released, RoomHandle, RoomTable};
 use loom::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
@@ -57,9 +57,30 @@ where
     );
 }
 
-/// A table of `rooms` rooms, `pages` pages and `ranks` writer ranks, shared by loom `Arc`.
-pub fn table(rooms: usize, pages: usize, ranks: usize) -> loom::sync::Arc<RoomTable> {
-    loom::sync::Arc::new(RoomTable::new(Config::new(rooms, pages, ranks)).expect("valid config"))
+/// Keeps the table's loom objects few: every atomic is a loom object created in every
+/// execution (token slots: 3 atomics each; fenced-rank slots: 1 each).
+fn small(config: Config) -> Config {
+    config.max_fenced(2).max_tokens(1)
+}
+
+/// A pool-mode table (kvfence owns pages `0..pages`) of `rooms` rooms, shared by loom `Arc`.
+pub fn pool(rooms: usize, pages: usize) -> loom::sync::Arc<RoomTable> {
+    loom::sync::Arc::new(RoomTable::new(small(Config::pool(rooms, pages))).expect("valid config"))
+}
+
+/// [`pool`] behind a std `Arc`, for [`RoomTable::begin_transfer_owned`] (whose guard owns
+/// a std `Arc` of the table: it moves into another thread). The table still drops inside
+/// the execution (every clone is dropped by the model's threads), so its loom objects do.
+pub fn pool_std(rooms: usize, pages: usize) -> StdArc<RoomTable> {
+    StdArc::new(RoomTable::new(small(Config::pool(rooms, pages))).expect("valid config"))
+}
+
+/// A gate-mode table (the engine owns the pages) of `rooms` rooms; `queue`: every release is
+/// delivered through the release queue.
+pub fn gate(rooms: usize, queue: bool) -> loom::sync::Arc<RoomTable> {
+    loom::sync::Arc::new(
+        RoomTable::new(small(Config::gate(rooms).release_queue(queue))).expect("valid config"),
+    )
 }
 
 /// Id written into a page by a writer of request `req` (0 = never written).
@@ -133,15 +154,31 @@ pub const A: ReqId = 1;
 /// See [`A`].
 pub const B: ReqId = 2;
 
-/// Whoever performed A's release reuses its two pages at once for request B (no writer
-/// ranks), writes and checks them, and finishes B (which releases it: B holds nothing).
-/// A stale write of A racing this is a loom data race or a wrong page content.
+/// Pool mode: whoever performed A's release reuses its two pages at once for request B (no
+/// writer ranks), writes and checks them, and finishes B (which releases it: B holds
+/// nothing). A stale write of A racing this is a loom data race or a wrong page content.
 pub fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
     let b = table
-        .open(2, &kvfence::RankSet::new())
+        .open(&[], 2)
         .expect("the releaser must be able to reuse the pages at once");
     own_and_check(arena, &b.pages, B);
     out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
+}
+
+/// Gate mode: the engine got A's release (`released`) and hands its pages to request B at
+/// once (its own allocator), in a new room of token `B`; B is written, checked and finished
+/// (with a release queue, B's release is queued: whoever drains it next gets it).
+pub fn reuse_gate(table: &RoomTable, arena: &Arena, released: &Released, out: &mut Vec<Released>) {
+    assert_ne!(
+        released.reason,
+        Reason::Quarantined,
+        "the engine must never reuse quarantined pages"
+    );
+    let b = table
+        .open_gate(&[], B, released.pages.clone())
+        .expect("the room index is back once the release is delivered");
+    own_and_check(arena, &released.pages, B);
+    out.extend(table.finish(b).unwrap());
 }
 
 /// The new owner's turn on a page set it was just given: write every part, read it back.
@@ -150,35 +187,57 @@ pub fn own_and_check(arena: &Arena, pages: &[u32], req: ReqId) {
     arena.expect(pages, req);
 }
 
-/// Asserts that `releases` holds exactly one release of lifecycle `handle`, and none of any
-/// other lifecycle; returns it.
+/// Asserts that `releases` holds exactly one release of lifecycle `handle`; returns it.
 pub fn exactly_one(releases: &[Released], handle: RoomHandle) -> Released {
     let of_it: Vec<_> = releases.iter().filter(|r| r.handle == handle).collect();
     assert_eq!(
         of_it.len(),
         1,
-        "lifecycle {handle:?} must be released and reported exactly once, got {releases:?}"
+        "lifecycle {handle:?} must be released and delivered exactly once, got {releases:?}"
     );
-    *of_it[0]
+    of_it[0].clone()
 }
 
-/// Asserts the table is back at rest: every room and page free, nothing owned or held,
-/// nothing orphaned, and `releases` releases counted.
-pub fn assert_at_rest(table: &RoomTable, rooms: usize, pages: usize, releases: u64) {
+/// Asserts the table is back at rest: every room free (nothing owned, held or queued), in
+/// pool mode every page but `quarantined` back in the pool, and `releases` releases counted.
+pub fn assert_at_rest(table: &RoomTable, rooms: usize, pages: Option<usize>, releases: u64) {
+    assert_at_rest_q(table, rooms, pages, 0, releases);
+}
+
+/// [`assert_at_rest`] with `quarantined` pool pages kept out of the pool for good.
+pub fn assert_at_rest_q(
+    table: &RoomTable,
+    rooms: usize,
+    pages: Option<usize>,
+    quarantined: usize,
+    releases: u64,
+) {
     let stats = table.stats();
     assert_eq!(
-        (stats.rooms.free, stats.rooms.owned, stats.rooms.held),
-        (rooms, 0, 0),
+        (
+            stats.rooms.free,
+            stats.rooms.owned,
+            stats.rooms.held,
+            stats.rooms.queued
+        ),
+        (rooms, 0, 0, 0),
         "rooms not conserved: {stats:?}"
     );
     assert_eq!(
-        (stats.pages.free, stats.pages.owned, stats.pages.held),
-        (pages, 0, 0),
+        (
+            stats.pages.free,
+            stats.pages.owned,
+            stats.pages.held,
+            stats.pages.queued
+        ),
+        (pages.map_or(0, |p| p - quarantined), 0, 0, 0),
         "pages not conserved: {stats:?}"
     );
+    assert_eq!(stats.quarantined_pages, quarantined as u64, "{stats:?}");
     assert_eq!(stats.releases, releases, "release count: {stats:?}");
+    assert_eq!(table.queued_releases(), 0, "a release left in the queue");
     assert!(
-        table.take_orphaned().is_empty(),
-        "unexpected orphaned release"
+        table.pop_released().is_none(),
+        "unexpected release left in the queue"
     );
 }
