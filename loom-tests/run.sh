@@ -14,9 +14,7 @@
 #      --cfg kvfence_quarantine_frees_pages   (quarantine frees the pages)  -> model 12
 # 3. Informational only (never changes the exit status):
 #      --cfg kvfence_unserialized_readmit -> m6_fence_vs_readmit_then_open is expected NOT to
-#        catch it (loom's one-last-access blind spot; tests/scanner_races.rs catches it);
-#      the known library issue model m4_late_ack_error_kind (#[ignore]d in the suite):
-#        reports whether it still fails.
+#        catch it (loom's one-last-access blind spot; tests/scanner_races.rs catches it).
 #
 # Each cfg set builds in its own subfolder of the target dir ($BASE/loom, $BASE/loom-naive,
 # ...), so switching RUSTFLAGS never forces a full rebuild of another set; a mutation set
@@ -182,14 +180,6 @@ if build loom-unserialized "$UNSER" m6_fence_vs_quiesce; then
     fi
 else
     row "$name" unserialized_readmit "not caught" "(build)" "build failed (informational)"
-fi
-# The known library issue (see README): reported, never fails the run.
-name=m4_late_ack_error_kind
-run_model loom "--cfg loom" m4_late_ack_after_reuse "$name" "$LOGDIR/loom-$name.log" --ignored
-if [ -n "$REASON" ]; then
-    row "$name" "(known issue)" "info" "still fails" "${REASON:0:80}"
-else
-    row "$name" "(known issue)" "info" "passes" "fixed? remove its #[ignore] (rc $RC)"
 fi
 
 # --- summary ----------------------------------------------------------------------------

@@ -194,7 +194,7 @@ impl RoomTable {
             }
             // A position read from a list the next opener is rewriting is harmless: the
             // clear checks the generation, and a released lifecycle has nothing pending.
-            let Some(pos) = slot.writers.position(state.gen(), rank) else {
+            let Ok(Some(pos)) = slot.writers.position(state.gen(), rank) else {
                 continue;
             };
             match self.clear_position(index, state.gen(), pos) {

@@ -613,13 +613,11 @@ impl RoomTable {
             handle.generation()
         };
         let index = handle.index();
-        let Some(pos) = slot.writers.position(gen, rank) else {
-            // Not in the list, or the list moved on to another lifecycle meanwhile.
-            return if slot.word.load(Ordering::Acquire).gen() != gen {
-                Err(self.stale())
-            } else {
-                Err(Error::RankNotInRoom { rank })
-            };
+        let pos = match slot.writers.position(gen, rank) {
+            Ok(Some(pos)) => pos,
+            // The list belongs to another lifecycle now: the room moved on.
+            Err(_) => return Err(self.stale()),
+            Ok(None) => return Err(Error::RankNotInRoom { rank }),
         };
         match self.clear_position(index, gen, pos) {
             Err(Error::StaleHandle) => Err(self.stale()),

@@ -156,11 +156,14 @@ impl Writers {
     /// Stamps the list for lifecycle `gen` (only the opener, before it publishes); returns
     /// the number of holds the mask words own.
     pub(crate) fn stamp(&self, gen: u32, writers: &[u32]) -> u32 {
-        for (slot, &rank) in self.ids.iter().zip(writers) {
-            slot.store(rank, Ordering::Relaxed);
-        }
+        // The count (with the new generation) first, then the ids with `Release`: a reader
+        // that sees any new id (`Acquire`) then sees the new count, and knows the list is
+        // no longer the lifecycle it asked about (see `position`).
         self.count
             .store(u64::from(gen) << 32 | writers.len() as u64, Ordering::Relaxed);
+        for (slot, &rank) in self.ids.iter().zip(writers) {
+            slot.store(rank, Ordering::Release);
+        }
         let mut holds = 0;
         for (w, mask) in self.masks.iter().enumerate() {
             let n = writers.len().saturating_sub(w * PER_WORD).min(PER_WORD);
@@ -171,19 +174,26 @@ impl Writers {
         holds
     }
 
-    /// The writer count of lifecycle `gen`, if the list is (still) that lifecycle's.
-    fn count(&self, gen: u32) -> Option<usize> {
-        let c = self.count.load(Ordering::Relaxed);
-        ((c >> 32) as u32 == gen).then_some(c as u32 as usize)
-    }
-
-    /// The position of `rank` in lifecycle `gen`'s list. `None` if it is not there (or the
-    /// list is no longer `gen`'s: the caller re-validates the generation).
-    pub(crate) fn position(&self, gen: u32, rank: u32) -> Option<usize> {
-        let n = self.count(gen)?;
-        self.ids[..n.min(MAX_WRITERS)]
+    /// The position of `rank` in lifecycle `gen`'s list: `Ok(None)` if it is not in that
+    /// list, `Err(MaskStale)` if the list is (or became, while it was read) another
+    /// lifecycle's. A reader holding only a handle races the next opener's rewrite here:
+    /// the opener stores the count before the ids, and the ids with `Release`, so a read
+    /// that saw any id of the next lifecycle sees its count on the second load below
+    /// (found by the loom model `m4_late_ack_error_kind`: without this order a late ACK
+    /// could be answered `RankNotInRoom` instead of `StaleHandle`).
+    pub(crate) fn position(&self, gen: u32, rank: u32) -> Result<Option<usize>, MaskStale> {
+        let before = self.count.load(Ordering::Acquire);
+        if (before >> 32) as u32 != gen {
+            return Err(MaskStale);
+        }
+        let n = (before as u32 as usize).min(MAX_WRITERS);
+        let found = self.ids[..n]
             .iter()
-            .position(|id| id.load(Ordering::Relaxed) == rank)
+            .position(|id| id.load(Ordering::Acquire) == rank);
+        if self.count.load(Ordering::Relaxed) != before {
+            return Err(MaskStale);
+        }
+        Ok(found)
     }
 
     /// Clears position `pos` for lifecycle `gen`.
@@ -252,8 +262,9 @@ mod tests {
         assert_eq!(w.stamp(2, &[5]), 1);
         let many: Vec<u32> = (100..164).collect();
         assert_eq!(w.stamp(3, &many), 2);
-        assert_eq!(w.position(3, 163), Some(63));
-        assert_eq!(w.position(2, 163), None, "another lifecycle's list");
+        assert_eq!(w.position(3, 163), Ok(Some(63)));
+        assert_eq!(w.position(3, 99), Ok(None));
+        assert_eq!(w.position(2, 163), Err(MaskStale), "another lifecycle's list");
         assert_eq!(&w.pending(3)[..], &many[..]);
     }
 

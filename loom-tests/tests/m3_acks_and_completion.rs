@@ -68,10 +68,6 @@ fn m3_two_acks_and_last_completion() {
                         // A duplicate ACK: harmless, whatever the moment it lands.
                         match table.quiesce(h, rank) {
                             Ok(Quiesced::Duplicate) | Err(Error::StaleHandle) => {}
-                            // KNOWN LIBRARY ISSUE (m4_late_ack_error_kind, README): a late
-                            // ACK racing the room's reuse may be answered RankNotInRoom
-                            // instead of StaleHandle; it changes nothing (checked below).
-                            Err(Error::RankNotInRoom { rank: 0 }) => {}
                             other => panic!("duplicate ACK was not ignored: {other:?}"),
                         }
                     }

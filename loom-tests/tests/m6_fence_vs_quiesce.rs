@@ -60,10 +60,6 @@ fn m6_fence_vs_quiesce_same_rank() {
                         Ok(Quiesced::Recorded) => true,
                         // Rank 0 only: the fence got there first (and maybe released).
                         Ok(Quiesced::Duplicate) | Err(Error::StaleHandle) if rank == 0 => false,
-                        // KNOWN LIBRARY ISSUE (m4_late_ack_error_kind, README): after the
-                        // fence released the room and it was reused, the ACK may be
-                        // answered RankNotInRoom instead of StaleHandle (it changes nothing).
-                        Err(Error::RankNotInRoom { rank: 0 }) if rank == 0 => false,
                         other => panic!("ACK of rank {rank}: {other:?}"),
                     };
                     (cleared, out)
