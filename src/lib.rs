@@ -113,7 +113,7 @@ pub use release::{Reason, Released};
 pub use room_word::Phase;
 pub use stats::{ClosingRoom, RoomStatus, Stats, Usage};
 pub use table::{Aborted, Opened, Quiesced, RoomTable};
-pub use transfer::{OwnedTransferGuard, Outcome, TransferGuard, TransferToken};
+pub use transfer::{Outcome, OwnedTransferGuard, TransferGuard, TransferToken};
 pub use writers::{Fanout, MAX_WRITERS};
 
 /// The README's examples are compiled and run as doctests.

@@ -259,8 +259,7 @@ impl RoomTable {
             let (sized_gen, pages) = untag(slot.sized.load(Ordering::Relaxed));
             let (closed_gen, closed_ms) = untag(slot.closed_at.load(Ordering::Relaxed));
             let (failed_gen, failed) = untag(slot.failed.load(Ordering::Relaxed));
-            let quarantined =
-                slot.quarantined.load(Ordering::Relaxed) == crate::table::mark(gen);
+            let quarantined = slot.quarantined.load(Ordering::Relaxed) == crate::table::mark(gen);
             let waiting_on = slot.writers.pending(gen);
             let words = slot.writers.pending_words(gen);
             // The reads above belong to `state`'s lifecycle only if the word did not move
@@ -269,16 +268,14 @@ impl RoomTable {
             if again.gen() != gen || again.phase() == Phase::Free || sized_gen != gen {
                 continue;
             }
-            let closing_for = if again.phase().is_closing()
-                && closed_gen == gen
-                && closed_ms != NOT_CLOSED
-            {
-                // Closed after `now_ms` was read (a negative difference): just now.
-                let ms = now_ms.wrapping_sub(closed_ms);
-                Duration::from_millis(if (ms as i32) < 0 { 0 } else { u64::from(ms) })
-            } else {
-                Duration::ZERO
-            };
+            let closing_for =
+                if again.phase().is_closing() && closed_gen == gen && closed_ms != NOT_CLOSED {
+                    // Closed after `now_ms` was read (a negative difference): just now.
+                    let ms = now_ms.wrapping_sub(closed_ms);
+                    Duration::from_millis(if (ms as i32) < 0 { 0 } else { u64::from(ms) })
+                } else {
+                    Duration::ZERO
+                };
             return Snapshot::Live(RoomStatus {
                 handle: self.handle(index, gen),
                 phase: again.phase(),

@@ -775,6 +775,10 @@ mod tests {
     #[test]
     fn slot_fits_its_padding() {
         // Four lines: the writer list is inline (64 ids).
-        assert!(core::mem::size_of::<Padded<Slot>>() <= 512, "{}", core::mem::size_of::<Slot>());
+        assert!(
+            core::mem::size_of::<Padded<Slot>>() <= 512,
+            "{}",
+            core::mem::size_of::<Slot>()
+        );
     }
 }

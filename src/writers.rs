@@ -159,15 +159,21 @@ impl Writers {
         // The count (with the new generation) first, then the ids with `Release`: a reader
         // that sees any new id (`Acquire`) then sees the new count, and knows the list is
         // no longer the lifecycle it asked about (see `position`).
-        self.count
-            .store(u64::from(gen) << 32 | writers.len() as u64, Ordering::Relaxed);
+        self.count.store(
+            u64::from(gen) << 32 | writers.len() as u64,
+            Ordering::Relaxed,
+        );
         for (slot, &rank) in self.ids.iter().zip(writers) {
             slot.store(rank, Ordering::Release);
         }
         let mut holds = 0;
         for (w, mask) in self.masks.iter().enumerate() {
             let n = writers.len().saturating_sub(w * PER_WORD).min(PER_WORD);
-            let bits = if n == PER_WORD { u32::MAX } else { (1u32 << n) - 1 };
+            let bits = if n == PER_WORD {
+                u32::MAX
+            } else {
+                (1u32 << n) - 1
+            };
             mask.store(Mask::new(gen, bits).0, Ordering::Relaxed);
             holds += u32::from(bits != 0);
         }
@@ -264,7 +270,11 @@ mod tests {
         assert_eq!(w.stamp(3, &many), 2);
         assert_eq!(w.position(3, 163), Ok(Some(63)));
         assert_eq!(w.position(3, 99), Ok(None));
-        assert_eq!(w.position(2, 163), Err(MaskStale), "another lifecycle's list");
+        assert_eq!(
+            w.position(2, 163),
+            Err(MaskStale),
+            "another lifecycle's list"
+        );
         assert_eq!(&w.pending(3)[..], &many[..]);
     }
 

@@ -67,7 +67,10 @@ fn hot_path_calls_do_not_allocate() {
             let token = table.begin(h, Some(5)).unwrap();
             assert_eq!(a.complete(), None);
             assert_eq!(table.end(token, Outcome::Completed).unwrap(), None);
-            assert_eq!(table.end(token, Outcome::Completed), Err(Error::InvalidToken));
+            assert_eq!(
+                table.end(token, Outcome::Completed),
+                Err(Error::InvalidToken)
+            );
             for rank in 0..32 {
                 assert_eq!(table.quiesce(h, rank).unwrap(), Quiesced::Recorded);
             }

@@ -130,9 +130,7 @@ fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
 fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
     let t = RoomTable::new(Config::pool(4096, 4200)).unwrap();
     // Owned rooms so the scan takes a while around the new one.
-    let _background: Vec<_> = (0..4000)
-        .map(|_| t.open(&[1], 1).unwrap())
-        .collect();
+    let _background: Vec<_> = (0..4000).map(|_| t.open(&[1], 1).unwrap()).collect();
     let runs = 3000 * scale();
     let mut hits = 0;
     for run in 0..runs {
