@@ -32,6 +32,9 @@ bash scripts/mutations.sh
 step "loom models, and the mutations they must catch"
 bash loom-tests/run.sh
 
+step "verification beyond loom: SPIN protocol models, shuttle schedules"
+bash scripts/verify.sh
+
 step "simulator checks"
 bash sim/ci.sh
 

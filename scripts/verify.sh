@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Model checks of kvfence's protocol.
+# Verification beyond loom: the shuttle suite (the code under randomized schedules) and
+# the SPIN model of the protocol (exhaustive on small instances).
+#
+#   shuttle (shuttle-tests/, scripts/shuttle.sh): every test must pass under the random and
+#   PCT schedulers; each test-only mutation must make its test fail.
 #
 #   SPIN (verify/spin/kvfence.pml): the correct model must pass every configuration with
 #   0 errors; each must-fail variant must produce an error and a trail (whose story is
@@ -17,6 +21,12 @@ MODEL="$PWD/verify/spin/kvfence.pml"
 MEMLIM="${SPIN_MEMLIM:-3000}"
 
 step() { printf '\n==== %s ====\n' "$*"; }
+
+# ---------------------------------------------------------------- shuttle
+# The code itself under randomized schedules (random and PCT), with the mutations it must
+# catch (scripts/shuttle.sh). First, so that a machine without spin still runs it.
+step "shuttle: the library under randomized schedules (shuttle-tests/)"
+bash scripts/shuttle.sh
 
 # ---------------------------------------------------------------- SPIN
 step "SPIN model of the release protocol (verify/spin/kvfence.pml)"
@@ -146,5 +156,3 @@ if [ "$failed" -ne 0 ]; then
     exit 1
 fi
 echo "SPIN: all checks as expected"
-
-# shuttle suite: added by the main line

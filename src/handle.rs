@@ -80,9 +80,10 @@ pub struct RoomHandle {
 pub(crate) struct HandleKey(u64);
 
 impl HandleKey {
-    /// A fresh random key (constant under loom, where executions must be deterministic).
+    /// A fresh random key (constant under loom and shuttle, where executions must be
+    /// deterministic).
     pub(crate) fn random() -> HandleKey {
-        if cfg!(loom) {
+        if cfg!(loom) || cfg!(shuttle) {
             return HandleKey(0x6b76_6665_6e63_6521);
         }
         use std::hash::{BuildHasher, Hash, Hasher};

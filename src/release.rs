@@ -218,10 +218,12 @@ impl RoomTable {
             .fetch_update(Ordering::Release, Ordering::Relaxed, |cur| {
                 ((below.wrapping_sub(cur) as i32) > 0).then_some(below)
             });
-        slot.parking.notify();
+        // Counted before the waiters are woken: one that reads `stats()` right after its
+        // wait returns sees the release that woke it (found by the shuttle suite).
         if count {
             self.counters.bump(Event::Release);
         }
+        slot.parking.notify();
         Released {
             handle: self.handle(index, gen),
             token,

@@ -3,7 +3,10 @@
 //! Every other module imports atomics, [`UnsafeCell`], `Mutex` and `Condvar` from here. A
 //! normal build gets `std` types; a `--cfg loom` build gets loom's instrumented types, so
 //! the model checker sees every load, store, CAS, fence, lock and cell access the crate
-//! makes, and nothing slips past it through a direct `std` import.
+//! makes, and nothing slips past it through a direct `std` import. A `--cfg shuttle` build
+//! gets [shuttle](https://docs.rs/shuttle)'s types (`shuttle-tests/`): every atomic
+//! operation, lock and condition-variable wait is a point where shuttle's random or PCT
+//! scheduler may switch threads. `loom` and `shuttle` are exclusive.
 //!
 //! # Implementation details
 //!
@@ -14,37 +17,26 @@
 //!   takes an optional timeout, which is real on std and ignored under loom (loom has no
 //!   clock: a wait that could time out is checked as one that never does).
 //! * `thread_seed` gives each thread a distinct number used to spread its bitmap scans and
-//!   its statistics stripe. It is a hint only and never affects correctness; under loom it
-//!   is constant so that executions are deterministic.
+//!   its statistics stripe. It is a hint only and never affects correctness; under loom and
+//!   shuttle it is constant so that executions are deterministic (a failing shuttle
+//!   schedule must replay to the same failure).
+//! * Under shuttle: every atomic operation is executed (and scheduled) as `SeqCst`
+//!   whatever its `Ordering` (shuttle does not model weak memory: that is loom's job), and
+//!   `fence` is shuttle's, a no-op in that sequentially consistent model (it only rejects
+//!   `Relaxed`, as std does). shuttle has no checked cell, so [`UnsafeCell`] is the std
+//!   wrapper below (data races on it are not detected; loom checks them). shuttle has no
+//!   clock either: [`cond_wait`] ignores the timeout, as under loom.
 
-#[cfg(not(loom))]
+#[cfg(all(loom, shuttle))]
+compile_error!("`--cfg loom` and `--cfg shuttle` are exclusive: build one backend at a time");
+
+#[cfg(not(any(loom, shuttle)))]
 mod imp {
     pub(crate) use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};
     pub(crate) use std::thread_local;
 
-    /// `core::cell::UnsafeCell` behind loom's closure API.
-    #[derive(Debug, Default)]
-    pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
-
-    impl<T> UnsafeCell<T> {
-        pub(crate) const fn new(value: T) -> Self {
-            Self(core::cell::UnsafeCell::new(value))
-        }
-
-        /// Runs `f` with a shared pointer to the contents.
-        #[inline(always)]
-        #[allow(dead_code)] // loom's API has it; the crate currently only needs `with_mut`
-        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
-            f(self.0.get())
-        }
-
-        /// Runs `f` with an exclusive pointer to the contents.
-        #[inline(always)]
-        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
-            f(self.0.get())
-        }
-    }
+    pub(crate) use super::std_cell::UnsafeCell;
 
     /// Waits on `cond` (releasing `guard`) until notified, spuriously, or after `timeout`.
     pub(crate) fn cond_wait<'a>(
@@ -101,6 +93,61 @@ mod imp {
     /// Constant under loom: executions must be deterministic.
     pub(crate) fn thread_seed() -> usize {
         0
+    }
+}
+
+#[cfg(all(shuttle, not(loom)))]
+mod imp {
+    // shuttle 0.9 exports all five (its `fence` is a no-op: every atomic is SeqCst there).
+    pub(crate) use shuttle::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub(crate) use shuttle::sync::{Condvar, Mutex, MutexGuard};
+    pub(crate) use shuttle::thread_local;
+
+    // shuttle has no instrumented cell: the plain wrapper (accesses are not race-checked).
+    pub(crate) use super::std_cell::UnsafeCell;
+
+    /// Waits on `cond` until notified; the timeout is ignored (shuttle has no clock, and its
+    /// own `wait_timeout` never times out): a wait that could time out is explored as one
+    /// that never does, the stricter case for lost wake-ups.
+    pub(crate) fn cond_wait<'a>(
+        cond: &Condvar,
+        guard: MutexGuard<'a, ()>,
+        _timeout: Option<std::time::Duration>,
+    ) -> MutexGuard<'a, ()> {
+        // A poisoned lock guards no data (`Mutex<()>`): carry on.
+        cond.wait(guard).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Constant under shuttle: executions must be deterministic, so that a failing schedule
+    /// replays (`shuttle::replay`) to the same failure.
+    pub(crate) fn thread_seed() -> usize {
+        0
+    }
+}
+
+/// `core::cell::UnsafeCell` behind loom's closure API (the std and shuttle backends).
+#[cfg(not(loom))]
+mod std_cell {
+    #[derive(Debug, Default)]
+    pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            Self(core::cell::UnsafeCell::new(value))
+        }
+
+        /// Runs `f` with a shared pointer to the contents.
+        #[inline(always)]
+        #[allow(dead_code)] // loom's API has it; the crate currently only needs `with_mut`
+        pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+            f(self.0.get())
+        }
+
+        /// Runs `f` with an exclusive pointer to the contents.
+        #[inline(always)]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
     }
 }
 

@@ -1015,8 +1015,8 @@ fn stress(mode: Mode) {
                             let grown = match mode {
                                 Mode::Pool => t.grow(h, n).ok(),
                                 Mode::GateQueue => {
-                                    claim(n).and_then(|more| match t.grow_gate(h, &more) {
-                                        Ok(()) => Some(more),
+                                    claim(n).map(|more| match t.grow_gate(h, &more) {
+                                        Ok(()) => more,
                                         Err(e) => panic!("grow_gate of a live room: {e}"),
                                     })
                                 }

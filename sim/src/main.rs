@@ -281,11 +281,13 @@ fn bench(cfg: &SimConfig, rounds: usize, json: bool) -> ExitCode {
             "{:.1} s per run, {rounds} rounds, rule order rotated each round",
             cfg.seconds
         );
-        for k in 0..rounds {
-            let line: Vec<String> = (0..n)
-                .map(|i| format!("{} {:>7.0}", rules[i].name(), rps[i][k]))
+        for round in 0..rounds {
+            let line: Vec<String> = rules
+                .iter()
+                .zip(&rps)
+                .map(|(rule, per_round)| format!("{} {:>7.0}", rule.name(), per_round[round]))
                 .collect();
-            println!("  round {}: {}", k + 1, line.join("  "));
+            println!("  round {}: {}", round + 1, line.join("  "));
         }
         for i in 0..n {
             let lo = ratios[i].iter().copied().fold(f64::INFINITY, f64::min);
