@@ -104,3 +104,29 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_limits_at_their_boundaries() {
+        // Default token capacity: 4 per room, capped at 2^24.
+        assert_eq!(Config::gate(8).max_tokens, 32);
+        assert_eq!(Config::gate(MAX_ROOMS / 4).max_tokens, MAX_ROOMS);
+        assert_eq!(Config::gate(MAX_ROOMS / 4 + 1).max_tokens, MAX_ROOMS);
+        assert_eq!(Config::gate(MAX_ROOMS).max_tokens, MAX_ROOMS);
+        assert!(Config::gate(MAX_ROOMS).check().is_ok());
+        // Each limit is inclusive.
+        assert!(Config::gate(1).max_fenced(1 << 16).check().is_ok());
+        assert!(Config::gate(1).max_fenced((1 << 16) + 1).check().is_err());
+        assert!(Config::gate(1).max_fenced(0).check().is_err());
+        assert!(Config::gate(1).max_tokens(MAX_ROOMS).check().is_ok());
+        assert!(Config::gate(1).max_tokens(MAX_ROOMS + 1).check().is_err());
+        assert!(Config::gate(1).max_tokens(0).check().is_err());
+        assert!(Config::pool(1, MAX_PAGES).check().is_ok());
+        assert!(Config::pool(1, MAX_PAGES + 1).check().is_err());
+        assert!(Config::pool(1, 0).check().is_err());
+        assert!(Config::gate(MAX_ROOMS + 1).check().is_err());
+    }
+}
