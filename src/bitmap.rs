@@ -523,6 +523,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "edge sweep: far too slow under Miri; runs natively and under TSan"
+    )]
     fn full_sets_exactly_the_first_len_bits() {
         for len in [1, 3, 63, 64, 65, 127, 128, 129, 130, 200] {
             for kind in [Kind::Pages, Kind::Rooms] {
@@ -562,6 +566,10 @@ mod tests {
     /// bit outside the run shows up) and over an all-free-but-the-run one (so the
     /// double-free assertions see any bit freed twice).
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "edge sweep: far too slow under Miri; runs natively and under TSan"
+    )]
     fn free_all_runs_at_word_edges_match_model() {
         for &len in LENS {
             for k in [1, 2, 63, 64, 65, 127, 128, 129] {
@@ -595,6 +603,10 @@ mod tests {
     /// order, so whole words sit anywhere in the list) and reversed lists, each freed over an
     /// all-claimed pool of 200.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "edge sweep: far too slow under Miri; runs natively and under TSan"
+    )]
     fn free_all_mixed_order_matches_model() {
         let r = |a: u32, b: u32| (a..b).collect::<Vec<u32>>();
         let cat = |parts: &[Vec<u32>]| parts.concat();
@@ -667,6 +679,10 @@ mod tests {
     /// indices (order included), the result, the bitmap, the hint, and that `out`'s existing
     /// contents are kept; then freeing the batch restores the starting bitmap exactly.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "edge sweep: far too slow under Miri; runs natively and under TSan"
+    )]
     fn claim_many_at_word_edges_matches_model() {
         const SENTINEL: u32 = 0xdead;
         for &len in LENS {
@@ -703,6 +719,10 @@ mod tests {
     /// `claim_one` from every pattern and hint, repeated until the pool is empty: the index
     /// (at or after the hint in its word first), the bitmap and the advanced hint.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "edge sweep: far too slow under Miri; runs natively and under TSan"
+    )]
     fn claim_one_at_word_edges_matches_model() {
         for &len in LENS {
             for (name, free) in patterns(len) {
@@ -730,6 +750,10 @@ mod tests {
 
     /// Random interleavings of every operation on one pool, against the model.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "edge sweep: far too slow under Miri; runs natively and under TSan"
+    )]
     fn random_operations_match_model() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut rand = move |n: usize| {
