@@ -12,28 +12,8 @@ Every method is safe to call from any Python thread; calls that block (the waits
 
 from __future__ import annotations
 
-from ._errors import (
-    AlreadyAborted,
-    AlreadyFinished,
-    DuplicateWriter,
-    Error,
-    InvalidConfig,
-    InvalidHandle,
-    InvalidRank,
-    InvalidToken,
-    OutOfMemory,
-    PoolExhausted,
-    RankFenced,
-    RankNotInRoom,
-    RoomClosed,
-    StaleHandle,
-    TableFull,
-    TooManyFenced,
-    TooManyPages,
-    TooManyTransfers,
-    TooManyWriters,
-    WrongMode,
-)
+from . import _errors
+from ._errors import *  # noqa: F401,F403  (one class per kvfence::Error: see _errors.__all__)
 from ._kvfence import (
     MAX_PAGES,
     MAX_ROOMS,
@@ -52,24 +32,5 @@ __all__ = [
     "MAX_ROOMS",
     "MAX_PAGES",
     "__version__",
-    "Error",
-    "InvalidConfig",
-    "InvalidHandle",
-    "StaleHandle",
-    "RoomClosed",
-    "AlreadyAborted",
-    "AlreadyFinished",
-    "InvalidRank",
-    "TooManyWriters",
-    "DuplicateWriter",
-    "RankNotInRoom",
-    "RankFenced",
-    "TooManyFenced",
-    "WrongMode",
-    "TooManyPages",
-    "InvalidToken",
-    "TooManyTransfers",
-    "TableFull",
-    "PoolExhausted",
-    "OutOfMemory",
+    *_errors.__all__,
 ]
