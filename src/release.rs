@@ -334,12 +334,8 @@ impl RoomTable {
             Err(Refusal::HoldsFull) => unreachable!("close never adds a hold"),
         }
         // Give up on every writer still pending...
-        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
-            slot.writers.pending_positions(gen).collect();
-        for pos in positions {
-            if let Ok(crate::Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
-                out = Some(r);
-            }
+        if let Some(r) = self.give_up_writers(index, gen) {
+            out = Some(r);
         }
         // ...and on every failed transfer of the room.
         for failed in self.take_failed(|f| f.index == index as u32 && f.gen == gen) {

@@ -437,14 +437,24 @@ impl RoomTable {
     fn roll_back(&self, index: usize, gen: u32) {
         let slot = &self.slots[index].0;
         slot.rolled_back.store(mark(gen), Ordering::Relaxed);
-        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
-            slot.writers.pending_positions(gen).collect();
-        for pos in positions {
-            let _ = self.clear_position(index, gen, pos);
-        }
+        let _ = self.give_up_writers(index, gen);
         if let Ok(Step::Released(phase)) = slot.word.close(gen, Phase::Aborting) {
             let _ = self.release(index, gen, phase);
         }
+    }
+
+    /// Clears every writer still pending in lifecycle `gen` of room `index` (a rollback, a
+    /// quarantine); returns a release one of those clears performed.
+    pub(crate) fn give_up_writers(&self, index: usize, gen: u32) -> Option<Released> {
+        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
+            self.slots[index].0.writers.pending_positions(gen).collect();
+        let mut out = None;
+        for pos in positions {
+            if let Ok(Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
+                out = Some(r);
+            }
+        }
+        out
     }
 
     /// Adds pool pages to an owned room (prefill-side source pages grow chunk by chunk).
