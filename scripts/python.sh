@@ -2,10 +2,11 @@
 # The Python binding (python/): build it with maturin through pip, install it into a
 # virtual environment, and run its tests with pytest.
 #
-#   scripts/python.sh            build + install + pytest
-#   scripts/python.sh --bench    also run python/bench/bench_lifecycle.py (prints a table)
+#   scripts/python.sh              build + install + pytest
+#   scripts/python.sh --mutations  also check that the tests catch the binding's mutations
+#   scripts/python.sh --bench      also run python/bench/bench_lifecycle.py (prints a table)
 #
-# Needs CPython >= 3.9 with pip and venv, and a Rust toolchain (stable, >= 1.85 for PyO3
+# Needs CPython >= 3.10 with pip and venv, and a Rust toolchain (stable, >= 1.85 for PyO3
 # 0.30). Uses only the package registry (PyPI) for maturin and pytest. The venv lives in
 # target/py-venv (override with PY_VENV); PYTHON picks the interpreter (default python3).
 # The Rust build goes to the workspace target dir (or CARGO_TARGET_DIR).
@@ -46,8 +47,56 @@ elif [ "$rc" -ne 0 ]; then
     exit "$rc"
 fi
 
-if [ "${1:-}" = "--bench" ]; then
-    step "bench (python/bench/bench_lifecycle.py)"
-    (cd python && python bench/bench_lifecycle.py)
-fi
+# The binding's own test-only mutations (python/Cargo.toml): each is built as a bare
+# extension module (cargo, no wheel), put first on PYTHONPATH, and the named tests of
+# python/tests/test_conversions.py must FAIL against it.
+mutation() {
+    local cfg="$1" filter="$2"
+    local target="${CARGO_TARGET_DIR:-$root/target}/py-mutant-$cfg" dir log
+    dir=$(mktemp -d)
+    log=$(mktemp)
+    echo "== mutation check: --cfg $cfg must make test_conversions.py -k $filter fail"
+    if ! CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
+        PYO3_BUILD_EXTENSION_MODULE=1 PYO3_PYTHON="$VENV/bin/python" \
+        cargo build --quiet --release -p kvfence-python >"$log" 2>&1; then
+        cat "$log"
+        echo "python.sh: building the mutant --cfg $cfg failed" >&2
+        return 1
+    fi
+    mkdir "$dir/kvfence"
+    cp python/kvfence/*.py python/kvfence/*.pyi python/kvfence/py.typed "$dir/kvfence/"
+    cp "$target/release/lib_kvfence.so" "$dir/kvfence/_kvfence.abi3.so"
+    # The mutant, not the installed package, must be what the tests import.
+    PYTHONPATH="$dir" python -c 'import kvfence, sys; assert kvfence.__file__.startswith(sys.argv[1]), kvfence.__file__' "$dir"
+    local rc=0
+    (cd python && PYTHONPATH="$dir" pytest -q -p no:cacheprovider tests/test_conversions.py -k "$filter") \
+        >"$log" 2>&1 || rc=$?
+    if [ "$rc" -eq 1 ]; then
+        grep -m1 -E "^FAILED" "$log" | sed 's/^/   caught: /'
+    else
+        tail -n 30 "$log"
+        echo "python.sh: --cfg $cfg was not caught (pytest exit $rc)" >&2
+        return 1
+    fi
+    rm -rf "$dir" "$log"
+}
+
+for arg in "$@"; do
+    case "$arg" in
+    --mutations)
+        step "binding mutations"
+        mutation kvfence_py_cache_trusts_low_bits test_forged_high_bits
+        mutation kvfence_py_truncating_items test_bad_items
+        echo "ok: every binding mutation is caught"
+        ;;
+    --bench)
+        step "bench (python/bench/bench_lifecycle.py)"
+        (cd python && python bench/bench_lifecycle.py)
+        ;;
+    *)
+        echo "python.sh: unknown argument $arg" >&2
+        exit 2
+        ;;
+    esac
+done
 echo "python.sh: ok"

@@ -38,8 +38,8 @@ bash scripts/verify.sh
 step "simulator checks"
 bash sim/ci.sh
 
-step "Python package: build with maturin, install, pytest"
-bash scripts/python.sh
+step "Python package: build with maturin, install, pytest; the binding's mutations caught"
+bash scripts/python.sh --mutations
 
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
 bash e2e/ci.sh

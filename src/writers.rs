@@ -92,11 +92,20 @@ pub(crate) fn check_writers(writers: &[u32]) -> Result<(), Error> {
             max: MAX_WRITERS,
         });
     }
+    // Ranks below 64 (every tensor-parallel group in practice) are checked against a bit
+    // set; only larger ones are compared with the ranks before them.
+    let mut small = 0u64;
     for (i, &rank) in writers.iter().enumerate() {
-        if rank == u32::MAX {
+        let duplicate = if rank < 64 {
+            let seen = small & (1 << rank) != 0;
+            small |= 1 << rank;
+            seen
+        } else if rank == u32::MAX {
             return Err(Error::InvalidRank { rank });
-        }
-        if writers[..i].contains(&rank) {
+        } else {
+            writers[..i].contains(&rank)
+        };
+        if duplicate {
             return Err(Error::DuplicateWriter { rank });
         }
     }
@@ -136,12 +145,16 @@ pub(crate) enum Cleared {
 pub(crate) struct MaskStale;
 
 /// One room's writers (see the module docs).
+///
+/// `repr(C)`, ids last: a room of n writers touches the count, the masks and the first n
+/// ids, which then share the slot's first cache lines (see `Slot`).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Writers {
-    ids: [AtomicU32; MAX_WRITERS],
     /// `generation << 32 | writer count`.
     count: AtomicU64,
     masks: [AtomicU64; WORDS],
+    ids: [AtomicU32; MAX_WRITERS],
 }
 
 impl Writers {
@@ -294,10 +307,19 @@ mod tests {
     #[test]
     fn writer_lists_are_checked() {
         assert!(check_writers(&[1, 2, 3]).is_ok());
+        assert!(check_writers(&[0, 63, 64, 1000, u32::MAX - 1]).is_ok());
         assert_eq!(
             check_writers(&[1, 2, 1]),
             Err(Error::DuplicateWriter { rank: 1 })
         );
+        // Both sides of the small-rank bit set: below 64, at 64 and above.
+        for dup in [0, 63, 64, 65, 1 << 20, u32::MAX - 1] {
+            assert_eq!(
+                check_writers(&[5, dup, 70, 2, dup]),
+                Err(Error::DuplicateWriter { rank: dup }),
+                "{dup}"
+            );
+        }
         assert_eq!(
             check_writers(&[u32::MAX]),
             Err(Error::InvalidRank { rank: u32::MAX })

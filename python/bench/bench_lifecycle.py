@@ -6,9 +6,9 @@ Lifecycle (decode side, gate mode): open 16 pages written by 8 prefill ranks, 2 
 The baseline is what SGLang-style schedulers do in Python today: a dict of per-request
 state with sets of pending ranks, one lock, and a deferred list scanned each loop.
 
-    python bench/bench_lifecycle.py [--rounds 7] [--n 20000] [--threads 4] [--out RESULTS.md]
+    python bench/bench_lifecycle.py [--rounds 31] [--n 4000] [--n-threads 20000] [--threads 4] [--out RESULTS.md]
 
-Prints a table of medians (of --rounds rounds) and ratios; with --out also writes it as
+Prints a table of medians and per-round ratios; with --out also writes it as
 Markdown. Targets: kvfence >= 3x faster per lifecycle; 4 threads' total throughput no
 lower than 1 thread's.
 """
@@ -149,14 +149,18 @@ def run_threads(make, lifecycle, threads, n):
     return per * threads / (time.perf_counter() - t0)
 
 
-def median_of(rounds, f):
-    return statistics.median(f() for _ in range(rounds))
+def spread(xs):
+    """'median (p10-p90)' of a list of ratios."""
+    xs = sorted(xs)
+    return f"{statistics.median(xs):.2f}x ({xs[len(xs) // 10]:.2f}x-{xs[(9 * len(xs)) // 10]:.2f}x)"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--n", type=int, default=20000, help="lifecycles per round")
+    ap.add_argument("--rounds", type=int, default=31, help="rounds of each block")
+    ap.add_argument("--n", type=int, default=4000, help="lifecycles per run, per-lifecycle block")
+    ap.add_argument("--n-threads", type=int, default=20000,
+                    help="lifecycles per run, threads block (split over the threads)")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--out", help="write the table here (Markdown)")
     ap.add_argument("--machine", default=None, help="machine description for the file")
@@ -169,25 +173,48 @@ def main(argv=None):
     run_threads(make_kv, lifecycle_kv, 1, 2000)
     run_threads(make_py, lifecycle_py, 1, 2000)
 
-    rows = {}
-    for name, make, life in (("kvfence", make_kv, lifecycle_kv), ("python tracker", make_py, lifecycle_py)):
-        one = median_of(a.rounds, lambda: run_threads(make, life, 1, a.n))
-        many = median_of(a.rounds, lambda: run_threads(make, life, a.threads, a.n))
-        rows[name] = (one, many)
+    # Every figure is a ratio of runs made side by side in the same round, and the report
+    # gives the median over rounds with its p10-p90 spread: on a shared machine the speed
+    # drifts by tens of percent within minutes, which a ratio of separately taken medians
+    # would turn into a bias either way.
+    #
+    # Block 1, per lifecycle: kvfence and the tracker, one thread each, alternating.
+    kv1, py1 = [], []
+    for _ in range(a.rounds):
+        kv1.append(run_threads(make_kv, lifecycle_kv, 1, a.n))
+        py1.append(run_threads(make_py, lifecycle_py, 1, a.n))
+    # Block 2, threads: each implementation with 1 thread and with N, alternating; more
+    # lifecycles per run so that starting and joining the threads is noise.
+    kv_t1, kv_tn, py_t1, py_tn = [], [], [], []
+    for _ in range(a.rounds):
+        kv_t1.append(run_threads(make_kv, lifecycle_kv, 1, a.n_threads))
+        kv_tn.append(run_threads(make_kv, lifecycle_kv, a.threads, a.n_threads))
+        py_t1.append(run_threads(make_py, lifecycle_py, 1, a.n_threads))
+        py_tn.append(run_threads(make_py, lifecycle_py, a.threads, a.n_threads))
 
-    kv1, kvn = rows["kvfence"]
-    py1, pyn = rows["python tracker"]
+    per_life = [k / p for k, p in zip(kv1, py1)]
+    kv_scale = [m / o for m, o in zip(kv_tn, kv_t1)]
+    py_scale = [m / o for m, o in zip(py_tn, py_t1)]
+    threaded = [k / p for k, p in zip(kv_tn, py_tn)]
+    med = statistics.median
     lines = [
-        f"| implementation | us / lifecycle (1 thread) | lifecycles/s, 1 thread | lifecycles/s, {a.threads} threads | {a.threads} threads / 1 thread |",
+        f"| implementation | us / lifecycle (1 thread) | lifecycles/s, 1 thread | lifecycles/s, {a.threads} threads | {a.threads} threads / 1 thread (per round) |",
         "|---|---:|---:|---:|---:|",
+        f"| kvfence | {1e6 / med(kv1):.2f} | {med(kv_t1):,.0f} | {med(kv_tn):,.0f} | {spread(kv_scale)} |",
+        f"| python tracker | {1e6 / med(py1):.2f} | {med(py_t1):,.0f} | {med(py_tn):,.0f} | {spread(py_scale)} |",
     ]
-    for name, (one, many) in rows.items():
-        lines.append(f"| {name} | {1e6 / one:.2f} | {one:,.0f} | {many:,.0f} | {many / one:.2f}x |")
+    n_met = med(per_life) >= 3
+    t_met = med(kv_scale) >= 1
     summary = [
         "",
-        f"* kvfence vs. python tracker, 1 thread: **{kv1 / py1:.2f}x** faster per lifecycle (target >= 3x: {'met' if kv1 / py1 >= 3 else 'NOT met'})",
-        f"* kvfence vs. python tracker, {a.threads} threads: **{kvn / pyn:.2f}x**",
-        f"* kvfence {a.threads} threads / 1 thread: **{kvn / kv1:.2f}x** (target >= 1.0: {'met' if kvn >= kv1 else 'NOT met'})",
+        f"* kvfence vs. python tracker, per lifecycle (1 thread): **{spread(per_life)}** "
+        f"(target >= 3x: {'met' if n_met else 'NOT met'})",
+        f"* kvfence vs. python tracker, {a.threads} threads: **{spread(threaded)}**",
+        f"* kvfence, {a.threads} threads / 1 thread: **{spread(kv_scale)}** "
+        f"(target >= 1.0: {'met' if t_met else 'NOT met'})",
+        "",
+        "Ratios: median over rounds (p10-p90 in brackets), each from runs made side by side "
+        "in one round.",
     ]
     table = "\n".join(lines + summary)
     print(table)
@@ -199,8 +226,9 @@ def main(argv=None):
                     "lifecycle from Python: open (16 pages, 8 writer ranks, gate mode), 2 transfers, "
                     "abort, 8 ACKs, drain the release; against a pure-Python tracker shaped like "
                     "SGLang's (dict of sets, one lock, a deferred list scanned each loop). "
-                    f"Medians of {a.rounds} rounds of {a.n} lifecycles; the threaded runs split "
-                    f"the same {a.n} lifecycles over {a.threads} Python threads sharing one table.\n\n")
+                    f"{a.rounds} rounds of each block: per lifecycle, {a.n} lifecycles per run; "
+                    f"threads, {a.n_threads} lifecycles per run split over {a.threads} Python "
+                    "threads sharing one table.\n\n")
             f.write(f"Machine: {machine}.\n")
             f.write(f"Python {platform.python_version()} ({platform.python_implementation()}), kvfence {kvfence.__version__}.\n\n")
             f.write(table + "\n")

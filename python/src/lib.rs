@@ -15,13 +15,17 @@ use kvfence::{
     TransferToken,
 };
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyInt, PyList, PyModule, PyString};
+use pyo3::types::{PyDict, PyInt, PyList, PyModule, PyString, PyTuple};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+mod handle_cache;
+use handle_cache::HandleCache;
 
 // ---------------------------------------------------------------------------------------
 // Errors
@@ -102,22 +106,28 @@ impl<T> IntoPy<T> for Result<T, Error> {
 
 /// A handle: any int; one outside `0..2**128` is `InvalidHandle` (a `ValueError`).
 #[inline]
-fn handle(h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
-    match h.extract::<u128>() {
-        Ok(wire) => Ok(RoomHandle::from_wire(wire)),
-        Err(e) if e.is_instance_of::<PyOverflowError>(h.py()) => Err(raise(
-            h.py(),
-            "InvalidHandle",
-            "a room handle is an int in 0..2**128 (as returned by open)".into(),
-            Attr::None,
-        )),
-        Err(e) => Err(e),
-    }
+fn handle(cache: &HandleCache, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
+    cache.read(h).map_err(|e| {
+        if e.is_instance_of::<PyOverflowError>(h.py()) {
+            raise(
+                h.py(),
+                "InvalidHandle",
+                "a room handle is an int in 0..2**128 (as returned by open)".into(),
+                Attr::None,
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// A rank id: an int in `0..2**32` (`2**32 - 1` is refused by the core).
 #[inline]
 fn rank(r: &Bound<'_, PyAny>) -> PyResult<u32> {
+    // SAFETY: `r` is live and we are attached (the `Bound` proves both).
+    if let Some(rank) = unsafe { exact_u32(r.as_ptr()) } {
+        return Ok(rank);
+    }
     match r.extract::<u32>() {
         Ok(rank) => Ok(rank),
         Err(e) if e.is_instance_of::<PyOverflowError>(r.py()) => Err(raise(
@@ -130,13 +140,111 @@ fn rank(r: &Bound<'_, PyAny>) -> PyResult<u32> {
     }
 }
 
+/// The value of `item` if it is an exact int in `0..2**32`, read without running any
+/// Python code (`PyLong_AsLong` of an exact int calls no `__index__`).
+///
+/// # Safety
+///
+/// `item` must point to a live object and the thread must be attached.
+#[inline]
+unsafe fn exact_u32(item: *mut ffi::PyObject) -> Option<u32> {
+    // SAFETY: `item` is live and we are attached (the caller's contract).
+    unsafe {
+        if ffi::PyLong_CheckExact(item) == 0 {
+            return None;
+        }
+        let v = ffi::PyLong_AsLong(item);
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
+            // Too large for a C long: leave the error to the exact path.
+            ffi::PyErr_Clear();
+            return None;
+        }
+        if cfg!(kvfence_py_truncating_items) {
+            // MUTATION (test-only): keep the low 32 bits of any value.
+            return Some(v as u32);
+        }
+        u32::try_from(v).ok()
+    }
+}
+
+/// `exact_u32` of `list[i]` (`i` in bounds or an `IndexError`), read through a borrowed
+/// reference: no reference counting (two calls into libpython per item under the stable
+/// ABI).
+#[cfg(not(Py_GIL_DISABLED))]
+#[inline]
+fn list_exact_u32(list: &Bound<'_, PyList>, i: usize) -> PyResult<Option<u32>> {
+    // SAFETY: `PyList_GetItem` checks `i` and lends a live item (a borrowed reference,
+    // valid while the list holds it). The GIL is held throughout (this build has one) and
+    // `exact_u32` runs no Python code, so no thread and no `__del__` can change the list
+    // before it returns.
+    unsafe {
+        let item = ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t);
+        if item.is_null() {
+            return Err(PyErr::fetch(list.py()));
+        }
+        Ok(exact_u32(item))
+    }
+}
+
+/// Free-threaded build: another thread may change the list at any time, so the item is
+/// read as a strong reference.
+#[cfg(Py_GIL_DISABLED)]
+#[inline]
+fn list_exact_u32(list: &Bound<'_, PyList>, i: usize) -> PyResult<Option<u32>> {
+    let item = list.get_item(i)?;
+    // SAFETY: `item` is a strong reference and we are attached.
+    Ok(unsafe { exact_u32(item.as_ptr()) })
+}
+
+/// The items of `items` (any iterable) as `u32`s: `f` converts (or refuses) each one. Fast
+/// path for the list or tuple an engine passes: exact ints in `0..2**32` are read in place
+/// (no iterator, no reference counting), into a vector of the right size: about 3x faster
+/// than iterating on 16 items. Anything else goes through `f`, which gives the error.
+#[inline]
+fn collect_u32(
+    items: &Bound<'_, PyAny>,
+    mut f: impl FnMut(&Bound<'_, PyAny>) -> PyResult<u32>,
+) -> PyResult<Vec<u32>> {
+    if let Ok(list) = items.cast::<PyList>() {
+        let mut len = list.len();
+        let mut out = Vec::with_capacity(len);
+        let mut i = 0;
+        while i < len {
+            let fast = list_exact_u32(list, i)?;
+            out.push(match fast {
+                Some(v) => v,
+                None => {
+                    let v = f(&list.get_item(i)?)?;
+                    // `f` may have run Python code (an `__index__`) that changed the list.
+                    len = list.len();
+                    v
+                }
+            });
+            i += 1;
+        }
+        Ok(out)
+    } else if let Ok(tuple) = items.cast::<PyTuple>() {
+        let mut out = Vec::with_capacity(tuple.len());
+        for item in tuple.iter_borrowed() {
+            // SAFETY: the tuple (immutable) holds `item` for the whole loop.
+            out.push(match unsafe { exact_u32(item.as_ptr()) } {
+                Some(v) => v,
+                None => f(&item)?,
+            });
+        }
+        Ok(out)
+    } else {
+        let mut out = Vec::new();
+        for item in items.try_iter()? {
+            out.push(f(&item?)?);
+        }
+        Ok(out)
+    }
+}
+
 /// Writer ranks: any iterable of rank ids.
 fn ranks(writers: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    let mut out = Vec::new();
-    for w in writers.try_iter()? {
-        out.push(rank(&w?)?);
-    }
-    Ok(out)
+    collect_u32(writers, rank)
 }
 
 /// The engine's page ids: any iterable of ints in `0..2**32`.
@@ -146,20 +254,13 @@ fn page_ids(pages: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             "gate mode: pages is a sequence of the engine's page ids (or None), not a count",
         ));
     }
-    let mut out = Vec::new();
-    for p in pages.try_iter()? {
-        let p = p?;
-        match p.extract::<u32>() {
-            Ok(id) => out.push(id),
-            Err(e) if e.is_instance_of::<PyOverflowError>(p.py()) => {
-                return Err(PyValueError::new_err(format!(
-                    "page id {p} is out of range: page ids are ints in 0..2**32"
-                )))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
+    collect_u32(pages, |p| match p.extract::<u32>() {
+        Ok(id) => Ok(id),
+        Err(e) if e.is_instance_of::<PyOverflowError>(p.py()) => Err(PyValueError::new_err(
+            format!("page id {p} is out of range: page ids are ints in 0..2**32"),
+        )),
+        Err(e) => Err(e),
+    })
 }
 
 /// A non-negative count (`what` names it in the error).
@@ -245,6 +346,8 @@ fn reason_str(reason: Reason) -> &'static str {
 struct Inner {
     table: RoomTable,
     direct: Mutex<Vec<Released>>,
+    /// The ints of handles `open` returned, to read them back fast.
+    handles: HandleCache,
 }
 
 impl Inner {
@@ -410,7 +513,8 @@ impl Drop for PyTransfer {
         // Not ended: failed, as a dropped Rust guard (the room stays held until the peer is
         // fenced or the room quarantined). The core refuses a second end, so this can
         // never count twice.
-        if !self.ended.swap(true, Ordering::Relaxed) {
+        // `&mut self`: nothing else can touch `ended` now.
+        if !std::mem::replace(self.ended.get_mut(), true) {
             if let Ok(released) = self
                 .inner
                 .table
@@ -454,6 +558,11 @@ struct PyRoomTable {
 impl PyRoomTable {
     fn table(&self) -> &RoomTable {
         &self.inner.table
+    }
+
+    #[inline]
+    fn handle(&self, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
+        handle(&self.inner.handles, h)
     }
 }
 
@@ -509,6 +618,7 @@ impl PyRoomTable {
             inner: Arc::new(Inner {
                 table,
                 direct: Mutex::new(Vec::new()),
+                handles: HandleCache::new(rooms),
             }),
         })
     }
@@ -568,13 +678,13 @@ impl PyRoomTable {
         signature = (writers, pages=None, token=None),
         text_signature = "(self, writers, pages=None, token=0)"
     )]
-    fn open(
+    fn open<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         writers: &Bound<'_, PyAny>,
         pages: Option<&Bound<'_, PyAny>>,
         token: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<u128> {
+    ) -> PyResult<Bound<'py, PyInt>> {
         let writers = ranks(writers)?;
         let token: u64 = match token {
             None => 0,
@@ -610,14 +720,14 @@ impl PyRoomTable {
             };
             table.open(&writers, n).py(py)?.handle
         };
-        Ok(handle.to_wire())
+        Ok(self.inner.handles.remember(py, handle))
     }
 
     /// The page ids of an owned room (in the order they were added).
     ///
     /// Raises ``RoomClosed`` once the room is closing, ``StaleHandle``, ``InvalidHandle``.
     fn pages_of(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-        self.table().pages_of(handle(h)?).py(py)
+        self.table().pages_of(self.handle(h)?).py(py)
     }
 
     /// Adds pages to an owned room. Pool mode: ``pages`` is a count; returns the new page
@@ -631,7 +741,7 @@ impl PyRoomTable {
         h: &Bound<'_, PyAny>,
         pages: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Vec<u32>>> {
-        let h = handle(h)?;
+        let h = self.handle(h)?;
         let table = self.table();
         if table.is_gate() {
             let ids = page_ids(pages)?;
@@ -662,7 +772,7 @@ impl PyRoomTable {
         h: &Bound<'_, PyAny>,
         peer: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyTransfer> {
-        let h = handle(h)?;
+        let h = self.handle(h)?;
         let peer = peer.map(rank).transpose()?;
         let token = self.table().begin(h, peer).py(py)?;
         Ok(PyTransfer {
@@ -680,13 +790,13 @@ impl PyRoomTable {
     ///
     /// Returns the ranks still to be told (send each an ABORT; each answers with its ACK),
     /// or ``[]`` if the room was already aborting. Raises ``StaleHandle`` once released.
-    fn abort(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-        match self.table().abort(handle(h)?) {
+    fn abort<'py>(&self, py: Python<'py>, h: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        match self.table().abort(self.handle(h)?) {
             Ok(aborted) => {
                 self.inner.keep(aborted.released);
-                Ok(aborted.fanout.to_vec())
+                PyList::new(py, aborted.fanout.iter())
             }
-            Err(Error::AlreadyAborted) => Ok(Vec::new()),
+            Err(Error::AlreadyAborted) => Ok(PyList::empty(py)),
             Err(e) => Err(to_py(py, e)),
         }
     }
@@ -697,7 +807,7 @@ impl PyRoomTable {
     /// Raises ``AlreadyFinished``, ``AlreadyAborted`` (both ``RoomClosed``),
     /// ``StaleHandle``.
     fn finish(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<()> {
-        let released = self.table().finish(handle(h)?).py(py)?;
+        let released = self.table().finish(self.handle(h)?).py(py)?;
         self.inner.keep(released);
         Ok(())
     }
@@ -718,7 +828,7 @@ impl PyRoomTable {
         h: &Bound<'_, PyAny>,
         rank: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyString>> {
-        let h = handle(h)?;
+        let h = self.handle(h)?;
         let rank = self::rank(rank)?;
         // Interned: an ACK returns one of four shared strings, no allocation.
         let word = match self.table().quiesce(h, rank) {
@@ -769,7 +879,7 @@ impl PyRoomTable {
     /// transfers. The room index returns once local transfers end; its pages never do:
     /// the release says ``reason == "quarantined"``. Raises ``StaleHandle``.
     fn quarantine(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<()> {
-        let released = self.table().quarantine(handle(h)?).py(py)?;
+        let released = self.table().quarantine(self.handle(h)?).py(py)?;
         self.inner.keep(released);
         Ok(())
     }
@@ -777,10 +887,17 @@ impl PyRoomTable {
     /// Every release not yet delivered, each exactly once (from any thread: concurrent
     /// callers get disjoint lists). Call it each scheduler loop, then free the pages of
     /// every release whose ``reason`` is not ``"quarantined"`` (gate mode).
-    fn drain_released(&self) -> Vec<PyReleased> {
-        let mut out = std::mem::take(&mut *lock(&self.inner.direct));
-        self.table().drain_released(&mut out);
-        out.into_iter().map(PyReleased::from).collect()
+    fn drain_released<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        // Straight into the list: no intermediate vectors (this runs every scheduler loop).
+        let list = PyList::empty(py);
+        let kept = std::mem::take(&mut *lock(&self.inner.direct));
+        for released in kept {
+            list.append(PyReleased::from(released))?;
+        }
+        while let Some(released) = self.table().pop_released() {
+            list.append(PyReleased::from(released))?;
+        }
+        Ok(list)
     }
 
     /// One undelivered release, or ``None``.
@@ -798,7 +915,7 @@ impl PyRoomTable {
     /// The phase of the handle's lifecycle: ``"owned"``, ``"aborting"``, ``"draining"``,
     /// or ``"free"`` once released. Raises ``InvalidHandle``.
     fn phase<'py>(&self, py: Python<'py>, h: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyString>> {
-        let word = match self.table().phase(handle(h)?).py(py)? {
+        let word = match self.table().phase(self.handle(h)?).py(py)? {
             Phase::Free => intern!(py, "free"),
             Phase::Owned => intern!(py, "owned"),
             Phase::Aborting => intern!(py, "aborting"),
@@ -816,7 +933,7 @@ impl PyRoomTable {
         py: Python<'py>,
         h: &Bound<'_, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let status = self.table().room_status(handle(h)?).py(py)?;
+        let status = self.table().room_status(self.handle(h)?).py(py)?;
         status_dict(py, &status)
     }
 
@@ -831,7 +948,7 @@ impl PyRoomTable {
         h: &Bound<'_, PyAny>,
         timeout: Option<f64>,
     ) -> PyResult<bool> {
-        let h = handle(h)?;
+        let h = self.handle(h)?;
         let timeout = timeout_arg(timeout)?;
         let table = self.table();
         wait_loop(py, timeout, |slice| table.wait_released_timeout(h, slice))
@@ -892,7 +1009,11 @@ impl PyRoomTable {
 }
 
 /// kvfence's native module (import ``kvfence``, not this).
-#[pymodule]
+///
+/// `gil_used = false`: a free-threaded interpreter may keep its GIL off. The table is
+/// lock-free and `Sync`, the binding's own state is behind mutexes, and the fast paths that
+/// read borrowed references are compiled only for interpreters with a GIL.
+#[pymodule(gil_used = false)]
 fn _kvfence(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRoomTable>()?;
     m.add_class::<PyTransfer>()?;

@@ -1,0 +1,130 @@
+//! The int objects of recently opened rooms' handles, so that a handle passed back from
+//! Python is converted by one int comparison instead of a 128-bit conversion.
+//!
+//! ## Why
+//!
+//! A handle is a 128-bit Python int. Under the stable ABI (abi3) the only exact way to
+//! read one is a shift that allocates a new int for the high half (`PyNumber_Rshift`):
+//! about 40 ns, paid on every `begin_transfer`, `abort` and `quiesce`, 11 times in a
+//! typical lifecycle (measured: `python/bench/RESULTS.md`).
+//!
+//! ## How
+//!
+//! `open` remembers the int it returns, with its value, in the slot of its room index (a
+//! direct-mapped cache of at most [`MAX_SLOTS`] slots). To read a handle, the low 64 bits
+//! (one allocation-free call) give the room index and so the slot; if the slot's int is
+//! **equal** to the argument, the slot's value is the argument's value. Equality, not
+//! identity: an ACK that arrives over the wire is a new int object of the same value, and
+//! it hits too. Anything else (another room's handle in the slot, a stale handle whose room
+//! was reopened, a forged or corrupted int, an int subclass) takes the exact slow path.
+//!
+//! The cache never decides anything: a hit yields exactly the int's value, which the core
+//! then checks like any other (keyed check, generation). A stale handle that still hits
+//! (its room not reopened yet) is refused as stale by the core, as before.
+//!
+//! ## Locking
+//!
+//! One `Mutex` per slot, held for a comparison of two exact ints (C code that runs no
+//! Python code and cannot re-enter the table). Python threads hold the GIL while they call
+//! in, so the locks are uncontended; they make the cache correct without relying on it.
+
+use pyo3::prelude::*;
+use pyo3::types::PyInt;
+use std::sync::{Mutex, MutexGuard};
+
+use kvfence::RoomHandle;
+
+/// At most this many slots (~48 bytes each): enough for every room a scheduler has in
+/// flight; a larger table only sees more misses (exact, just slower).
+pub const MAX_SLOTS: usize = 4096;
+
+/// A handle int `open` returned, and its value.
+struct Cached {
+    int: Py<PyInt>,
+    wire: u128,
+}
+
+/// See the module docs.
+pub struct HandleCache {
+    slots: Box<[Mutex<Option<Cached>>]>,
+    mask: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl HandleCache {
+    /// A cache for a table of `rooms` rooms.
+    pub fn new(rooms: usize) -> HandleCache {
+        let n = rooms.clamp(1, MAX_SLOTS).next_power_of_two();
+        HandleCache {
+            slots: (0..n).map(|_| Mutex::new(None)).collect(),
+            mask: n - 1,
+        }
+    }
+
+    fn slot(&self, low: u64) -> &Mutex<Option<Cached>> {
+        let index = RoomHandle::from_wire(u128::from(low)).index();
+        &self.slots[index & self.mask]
+    }
+
+    /// The int for a handle `open` just made; remembered for [`HandleCache::read`].
+    pub fn remember<'py>(&self, py: Python<'py>, handle: RoomHandle) -> Bound<'py, PyInt> {
+        let wire = handle.to_wire();
+        let int = wire
+            .into_pyobject(py)
+            .unwrap_or_else(|never| match never {});
+        let old = lock(self.slot(wire as u64)).replace(Cached {
+            int: int.clone().unbind(),
+            wire,
+        });
+        // Dropped (decref'd) outside the lock.
+        drop(old);
+        int
+    }
+
+    /// Reads a handle: any int; one outside `0..2**128` is `OverflowError` (the caller
+    /// maps it to `InvalidHandle`).
+    #[inline]
+    pub fn read(&self, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
+        if let Ok(int) = h.cast_exact::<PyInt>() {
+            if let Some(wire) = self.hit(int) {
+                return Ok(RoomHandle::from_wire(wire));
+            }
+        }
+        h.extract::<u128>().map(RoomHandle::from_wire)
+    }
+
+    /// The value of `int` if the cache holds an int equal to it.
+    #[inline]
+    fn hit(&self, int: &Bound<'_, PyInt>) -> Option<u128> {
+        // SAFETY: `int` is a live exact int (borrowed for this call) and the thread is
+        // attached (the `Bound` proves it). For an int this never fails (it keeps the low
+        // 64 bits of any value, negative ones included; the comparison below rejects
+        // those), so there is no error to fetch.
+        let low = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLongMask(int.as_ptr()) };
+        let slot = lock(self.slot(low));
+        let cached = slot.as_ref()?;
+        if cfg!(kvfence_py_cache_trusts_low_bits) {
+            // MUTATION (test-only): a slot whose handle has the same low bits is a hit.
+            return (cached.wire as u64 == low).then_some(cached.wire);
+        }
+        // SAFETY: both are live exact ints (the slot's is owned by the slot, which we hold
+        // locked); comparing two exact ints is `long_richcompare`, pure C: no Python code
+        // runs under the lock. It cannot fail for two ints; if it ever did (-1), the error is
+        // cleared and the exact path decides.
+        let equal = unsafe {
+            let equal = pyo3::ffi::PyObject_RichCompareBool(
+                cached.int.as_ptr(),
+                int.as_ptr(),
+                pyo3::ffi::Py_EQ,
+            );
+            if equal < 0 {
+                pyo3::ffi::PyErr_Clear();
+            }
+            equal
+        };
+        (equal == 1).then_some(cached.wire)
+    }
+}
