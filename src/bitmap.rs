@@ -31,24 +31,29 @@ mod hints {
     use super::{thread_local, Cell};
     thread_local! {
     /// Per-thread scan starts, as bit positions (taken modulo each bitmap's length): one
-    /// for room tables and one for page pools, so the two scans do not drag each other.
+    /// each for room tables, page pools and transfer tokens, so the scans do not drag each
+    /// other. (With one shared hint, a lifecycle's two transfers moved the room hint on by
+    /// two, and `open` could not tell which room the next `open` will claim.)
     pub(super) static ROOM_HINT: Cell<usize> = Cell::new(usize::MAX);
     pub(super) static PAGE_HINT: Cell<usize> = Cell::new(usize::MAX);
+    pub(super) static TOKEN_HINT: Cell<usize> = Cell::new(usize::MAX);
     }
 }
-use hints::{PAGE_HINT, ROOM_HINT};
+use hints::{PAGE_HINT, ROOM_HINT, TOKEN_HINT};
 
 /// Which per-thread hint a bitmap uses.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Kind {
     Rooms,
     Pages,
+    Tokens,
 }
 
 fn with_hint<R>(kind: Kind, f: impl FnOnce(&Cell<usize>) -> R) -> R {
     match kind {
         Kind::Rooms => ROOM_HINT.with(f),
         Kind::Pages => PAGE_HINT.with(f),
+        Kind::Tokens => TOKEN_HINT.with(f),
     }
 }
 
@@ -76,13 +81,13 @@ impl Bitmap {
     /// A bitmap of `len` indices, all free ([`Error::OutOfMemory`] if it cannot be
     /// allocated).
     pub(crate) fn try_full(len: usize, kind: Kind) -> Result<Bitmap, Error> {
-        // Room bitmaps are small (64 rooms per word) and every lifecycle writes its room's
-        // word twice (claim, free): threads working in neighbouring words would share a
-        // cache line. Spacing the words 128 bytes apart gives each its own line pair
+        // Room and token bitmaps are small (64 per word) and every lifecycle (transfer)
+        // writes its word twice (claim, free): threads working in neighbouring words would
+        // share a cache line. Spacing the words 128 bytes apart gives each its own line pair
         // (see `Padded`). Page bitmaps are 64x larger for the same table and their words are
         // touched once per batch, so they stay dense: threads start `len / 2^k` bits apart.
         let stride = match kind {
-            Kind::Rooms if !cfg!(loom) => 128 / core::mem::size_of::<AtomicU64>(),
+            Kind::Rooms | Kind::Tokens if !cfg!(loom) => 128 / core::mem::size_of::<AtomicU64>(),
             _ => 1,
         };
         let nwords = len.div_ceil(64);
@@ -529,7 +534,7 @@ mod tests {
     )]
     fn full_sets_exactly_the_first_len_bits() {
         for len in [1, 3, 63, 64, 65, 127, 128, 129, 130, 200] {
-            for kind in [Kind::Pages, Kind::Rooms] {
+            for kind in [Kind::Pages, Kind::Rooms, Kind::Tokens] {
                 let b = Bitmap::full(len, kind);
                 let what = format!("full({len}, {kind:?})");
                 assert_eq!(b.len(), len, "{what}");
@@ -546,7 +551,7 @@ mod tests {
                 if index >= len {
                     continue;
                 }
-                for kind in [Kind::Pages, Kind::Rooms] {
+                for kind in [Kind::Pages, Kind::Rooms, Kind::Tokens] {
                     let mut model = vec![false; len];
                     let b = bitmap_from(&model, kind);
                     b.free_one(index);
@@ -580,7 +585,7 @@ mod tests {
                         continue;
                     }
                     let run: Vec<u32> = (start as u32..(start + k) as u32).collect();
-                    for kind in [Kind::Pages, Kind::Rooms] {
+                    for kind in [Kind::Pages, Kind::Rooms, Kind::Tokens] {
                         let what = format!("len {len} {kind:?}: free_all({start}..{})", start + k);
                         let mut model = vec![false; len];
                         let b = bitmap_from(&model, kind);
@@ -643,7 +648,7 @@ mod tests {
             ("descending 5..69", (5..69).rev().collect()),
         ];
         for (what, list) in cases {
-            for kind in [Kind::Pages, Kind::Rooms] {
+            for kind in [Kind::Pages, Kind::Rooms, Kind::Tokens] {
                 let mut model = vec![false; 200];
                 let b = bitmap_from(&model, kind);
                 b.free_all(&list);
@@ -693,7 +698,7 @@ mod tests {
                 sizes.dedup();
                 for hint in hints(len) {
                     for &n in &sizes {
-                        for kind in [Kind::Pages, Kind::Rooms] {
+                        for kind in [Kind::Pages, Kind::Rooms, Kind::Tokens] {
                             let what =
                                 format!("len {len} {kind:?} [{name}] hint {hint}: claim_many({n})");
                             let b = bitmap_from(&free, kind);
@@ -727,7 +732,7 @@ mod tests {
         for &len in LENS {
             for (name, free) in patterns(len) {
                 for hint in hints(len) {
-                    for kind in [Kind::Pages, Kind::Rooms] {
+                    for kind in [Kind::Pages, Kind::Rooms, Kind::Tokens] {
                         let b = bitmap_from(&free, kind);
                         b.set_hint(hint);
                         let mut model = free.clone();
@@ -831,6 +836,15 @@ mod tests {
                     rooms.set_hint(9);
                     assert_eq!(pages.hint(), 7);
                     assert_eq!(rooms.hint(), 9);
+                    let tokens = Bitmap::full(1000, Kind::Tokens);
+                    assert_eq!(
+                        tokens.hint(),
+                        first_hint(1000),
+                        "token hint apart from rooms'"
+                    );
+                    tokens.set_hint(11);
+                    assert_eq!(rooms.hint(), 9);
+                    assert_eq!(tokens.hint(), 11);
                     seed
                 })
             })

@@ -135,6 +135,10 @@ pub(crate) struct Slot {
     pub(crate) writers: Writers,
 }
 
+/// The bytes at the start of a [`Slot`] that a lifecycle touches: the fields before
+/// `writers`, then the writers' count, masks and first ids (checked by a unit test).
+pub(crate) const SLOT_HOT_BYTES: usize = 192;
+
 // SAFETY: `Slot` is shared between threads; its only non-`Sync` field is the page-list cell,
 // and every access to it follows the hand-off described in the module docs: writes by the
 // room index's claimer before the `Release` publish, appends by `grow` under the grow lock
@@ -234,7 +238,7 @@ impl RoomTable {
             fence_lock: Mutex::new(()),
             failed: Mutex::new(failed),
             tokens: try_boxed(config.max_tokens, |_| TokenSlot::new())?,
-            tokens_free: Bitmap::try_full(config.max_tokens, Kind::Rooms)?,
+            tokens_free: Bitmap::try_full(config.max_tokens, Kind::Tokens)?,
             token_key: key.derive(0x746f_6b65_6e73),
             queue: PendingSet::new(config.rooms)?,
             counters: Counters::new(),
@@ -385,6 +389,11 @@ impl RoomTable {
             return Err(Error::RankFenced { rank });
         }
         let index = self.rooms_free.claim_one().ok_or(Error::RoomTableFull)?;
+        // The next `open` most likely claims the next index (the bitmap's claim hint moves
+        // past this one): bring the hot part of that slot in now, so that its cache misses
+        // overlap with whatever the caller does until then instead of stalling that `open`.
+        // (Large tables: slots go cold between two lifecycles of one room.)
+        crate::sync::prefetch(&self.slots[(index + 1) % self.slots.len()], SLOT_HOT_BYTES);
         let slot = &self.slots[index].0;
         let filled = slot.pages.with_mut(|list| {
             // SAFETY: we claimed `index` in the room bitmap, so no other opener touches this
@@ -798,5 +807,43 @@ mod tests {
             "{}",
             core::mem::size_of::<Slot>()
         );
+    }
+
+    /// What `open` prefetches for the next room covers what a lifecycle of up to 8 writers
+    /// touches: every field before the writer list, and the list's count, masks and first
+    /// 8 ids (`repr(C)` keeps that order).
+    #[test]
+    fn slot_hot_bytes_cover_a_lifecycle() {
+        let table = RoomTable::new(Config::gate(1)).unwrap();
+        let slot = &table.slots[0].0;
+        let writers = &slot.writers as *const Writers as usize - slot as *const Slot as usize;
+        let hot = writers + slot.writers.bytes_through(8);
+        assert!(hot <= SLOT_HOT_BYTES, "hot part is {hot} bytes");
+        assert!(SLOT_HOT_BYTES <= core::mem::size_of::<Slot>());
+    }
+
+    /// `open` prefetches the slot after its own for the next `open`: on one thread, the
+    /// next `open` claims it, transfers in between or not (tokens keep their own claim
+    /// hint; with a shared one, each transfer moved the room hint on).
+    #[test]
+    fn next_open_claims_the_prefetched_room() {
+        let table = RoomTable::new(Config::gate(256)).unwrap();
+        let mut last = table.open_gate(&[1, 2], 0, vec![7]).unwrap();
+        for _ in 0..300 {
+            for _ in 0..2 {
+                let token = table.begin(last, Some(1)).unwrap();
+                assert!(table
+                    .end(token, crate::Outcome::Completed)
+                    .unwrap()
+                    .is_none());
+            }
+            let h = table.open_gate(&[1, 2], 0, vec![7]).unwrap();
+            assert_eq!(h.index(), (last.index() + 1) % 256);
+            let _ = table.finish(last).unwrap();
+            for rank in [1, 2] {
+                let _ = table.quiesce(last, rank).unwrap();
+            }
+            last = h;
+        }
     }
 }

@@ -158,6 +158,13 @@ pub(crate) struct Writers {
 }
 
 impl Writers {
+    /// Bytes from the start of the list through its first `n` ids (the layout test of
+    /// `SLOT_HOT_BYTES`).
+    #[cfg(test)]
+    pub(crate) fn bytes_through(&self, n: usize) -> usize {
+        self.ids[..n].as_ptr_range().end as usize - self as *const Writers as usize
+    }
+
     pub(crate) fn new() -> Writers {
         Writers {
             ids: core::array::from_fn(|_| AtomicU32::new(u32::MAX)),

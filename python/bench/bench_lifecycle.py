@@ -16,6 +16,7 @@ lower than 1 thread's.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -128,7 +129,12 @@ def lifecycle_kv(t, rid):
 
 
 def run_threads(make, lifecycle, threads, n):
-    """Total lifecycles/s with `threads` threads doing n lifecycles in all on one table."""
+    """Total lifecycles/s with `threads` threads doing n lifecycles in all on one table.
+
+    The cyclic garbage collector is off while the clock runs (as `timeit` does): neither
+    implementation makes cyclic garbage, and a full collection triggered by some earlier
+    run's leftovers would land on whichever run happens to be next.
+    """
     table = make()
     per = n // threads
     barrier = threading.Barrier(threads + 1)
@@ -142,11 +148,16 @@ def run_threads(make, lifecycle, threads, n):
     ths = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
     for th in ths:
         th.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for th in ths:
-        th.join()
-    return per * threads / (time.perf_counter() - t0)
+    gc.collect()
+    gc.disable()
+    try:
+        barrier.wait()
+        t0 = time.perf_counter()
+        for th in ths:
+            th.join()
+        return per * threads / (time.perf_counter() - t0)
+    finally:
+        gc.enable()
 
 
 def spread(xs):
