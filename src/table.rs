@@ -706,18 +706,22 @@ impl RoomTable {
     /// ```
     pub fn abort(&self, handle: RoomHandle) -> Result<Aborted, Error> {
         let released = self.close(handle, Phase::Aborting)?;
-        let mut fanout = Fanout::default();
-        if released.is_none() {
+        // Filled in place: the fan-out is 260 bytes, not worth copying around.
+        let mut aborted = Aborted {
+            fanout: Fanout::default(),
+            released,
+        };
+        if aborted.released.is_none() {
             let slot = &self.slots[handle.index()].0;
             let gen = handle.generation();
-            fanout = slot.writers.pending(gen);
+            slot.writers.pending_into(gen, &mut aborted.fanout);
             // The ids were read without a lock: valid only if the room is still this
             // lifecycle (else it was released meanwhile and nobody needs telling).
             if slot.word.load(Ordering::Acquire).gen() != gen {
-                fanout = Fanout::default();
+                aborted.fanout.clear();
             }
         }
-        Ok(Aborted { fanout, released })
+        Ok(aborted)
     }
 
     /// Finishes the request normally: no transfer can begin any more, and the room is

@@ -61,6 +61,10 @@ const GEN: Field = Field::after(Some(PENDING), 32);
 pub struct Fanout(ArrayVec<u32, MAX_WRITERS>);
 
 impl Fanout {
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+
     /// Whether `rank` is in the fan-out.
     pub fn contains(&self, rank: u32) -> bool {
         self.0.contains(&rank)
@@ -261,10 +265,16 @@ impl Writers {
     /// The ranks of lifecycle `gen` still pending (the caller re-validates the generation).
     pub(crate) fn pending(&self, gen: u32) -> Fanout {
         let mut out = Fanout::default();
+        self.pending_into(gen, &mut out);
+        out
+    }
+
+    /// Appends the ranks of lifecycle `gen` still pending to `out`, which must be empty
+    /// (the caller re-validates the generation).
+    pub(crate) fn pending_into(&self, gen: u32, out: &mut Fanout) {
         for pos in self.pending_positions(gen) {
             out.push(self.ids[pos].load(Ordering::Relaxed));
         }
-        out
     }
 
     /// Mask words of lifecycle `gen` that still own a hold.

@@ -153,9 +153,11 @@ unsafe fn exact_u32(item: *mut ffi::PyObject) -> Option<u32> {
         if ffi::PyLong_CheckExact(item) == 0 {
             return None;
         }
-        let v = ffi::PyLong_AsLong(item);
+        // `PyLong_AsSsize_t`, not `PyLong_AsLong`: one call instead of two (the latter wraps
+        // `PyLong_AsLongAndOverflow`), same result for an exact int.
+        let v = ffi::PyLong_AsSsize_t(item);
         if v == -1 && !ffi::PyErr_Occurred().is_null() {
-            // Too large for a C long: leave the error to the exact path.
+            // Too large for a Py_ssize_t: leave the error to the exact path.
             ffi::PyErr_Clear();
             return None;
         }
