@@ -24,13 +24,14 @@
 //!
 //! ## Locking
 //!
-//! One `Mutex` per slot, held for a comparison of two exact ints (C code that runs no
-//! Python code and cannot re-enter the table). Python threads hold the GIL while they call
-//! in, so the locks are uncontended; they make the cache correct without relying on it.
+//! A slot is borrowed only for a comparison of two exact ints or a replacement (C code that
+//! runs no Python code and cannot re-enter the table). On an interpreter with a GIL that
+//! borrow is protected by the GIL itself: every caller is attached, and attached threads
+//! hold the GIL one at a time ([`SlotCell`]). On a free-threaded interpreter each slot has
+//! a `Mutex` instead (uncontended unless two threads read handles of the same slot).
 
 use pyo3::prelude::*;
 use pyo3::types::PyInt;
-use std::sync::{Mutex, MutexGuard};
 
 use kvfence::RoomHandle;
 
@@ -44,14 +45,56 @@ struct Cached {
     wire: u128,
 }
 
-/// See the module docs.
-pub struct HandleCache {
-    slots: Box<[Mutex<Option<Cached>>]>,
-    mask: usize,
+/// One slot's contents, borrowed by [`SlotCell::with`] while attached.
+#[cfg(not(Py_GIL_DISABLED))]
+struct SlotCell(std::cell::UnsafeCell<Option<Cached>>);
+
+// SAFETY: the contents are reached only through `with`, which takes a `Python` token: the
+// caller is attached, which on this build (an interpreter with a GIL; the cfg above) means
+// it holds the GIL, and only one thread holds it at a time. `Py<PyInt>` is `Send`.
+#[cfg(not(Py_GIL_DISABLED))]
+unsafe impl Sync for SlotCell {}
+
+#[cfg(not(Py_GIL_DISABLED))]
+impl SlotCell {
+    fn new() -> SlotCell {
+        SlotCell(std::cell::UnsafeCell::new(None))
+    }
+
+    /// Runs `f` on the slot. `f` must not run Python code (it could release the GIL, or
+    /// re-enter the cache).
+    #[inline]
+    fn with<R>(&self, _py: Python<'_>, f: impl FnOnce(&mut Option<Cached>) -> R) -> R {
+        // SAFETY: we hold the GIL (see `Sync` above) and `f` runs no Python code, so no
+        // other thread and no re-entrant call can borrow the slot until `f` returns: this
+        // `&mut` is the only reference.
+        f(unsafe { &mut *self.0.get() })
+    }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Free-threaded build: no GIL to lean on, so a mutex per slot.
+#[cfg(Py_GIL_DISABLED)]
+struct SlotCell(std::sync::Mutex<Option<Cached>>);
+
+#[cfg(Py_GIL_DISABLED)]
+impl SlotCell {
+    fn new() -> SlotCell {
+        SlotCell(std::sync::Mutex::new(None))
+    }
+
+    #[inline]
+    fn with<R>(&self, _py: Python<'_>, f: impl FnOnce(&mut Option<Cached>) -> R) -> R {
+        f(&mut self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+}
+
+/// See the module docs.
+pub struct HandleCache {
+    slots: Box<[SlotCell]>,
+    mask: usize,
 }
 
 impl HandleCache {
@@ -59,12 +102,12 @@ impl HandleCache {
     pub fn new(rooms: usize) -> HandleCache {
         let n = rooms.clamp(1, MAX_SLOTS).next_power_of_two();
         HandleCache {
-            slots: (0..n).map(|_| Mutex::new(None)).collect(),
+            slots: (0..n).map(|_| SlotCell::new()).collect(),
             mask: n - 1,
         }
     }
 
-    fn slot(&self, low: u64) -> &Mutex<Option<Cached>> {
+    fn slot(&self, low: u64) -> &SlotCell {
         let index = RoomHandle::from_wire(u128::from(low)).index();
         &self.slots[index & self.mask]
     }
@@ -75,10 +118,11 @@ impl HandleCache {
         let int = wire
             .into_pyobject(py)
             .unwrap_or_else(|never| match never {});
-        let old = lock(self.slot(wire as u64)).replace(Cached {
+        let new = Cached {
             int: int.clone().unbind(),
             wire,
-        });
+        };
+        let old = self.slot(wire as u64).with(py, |slot| slot.replace(new));
         // Dropped (decref'd) outside the lock.
         drop(old);
         int
@@ -104,27 +148,28 @@ impl HandleCache {
         // 64 bits of any value, negative ones included; the comparison below rejects
         // those), so there is no error to fetch.
         let low = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLongMask(int.as_ptr()) };
-        let slot = lock(self.slot(low));
-        let cached = slot.as_ref()?;
-        if cfg!(kvfence_py_cache_trusts_low_bits) {
-            // MUTATION (test-only): a slot whose handle has the same low bits is a hit.
-            return (cached.wire as u64 == low).then_some(cached.wire);
-        }
-        // SAFETY: both are live exact ints (the slot's is owned by the slot, which we hold
-        // locked); comparing two exact ints is `long_richcompare`, pure C: no Python code
-        // runs under the lock. It cannot fail for two ints; if it ever did (-1), the error is
-        // cleared and the exact path decides.
-        let equal = unsafe {
-            let equal = pyo3::ffi::PyObject_RichCompareBool(
-                cached.int.as_ptr(),
-                int.as_ptr(),
-                pyo3::ffi::Py_EQ,
-            );
-            if equal < 0 {
-                pyo3::ffi::PyErr_Clear();
+        self.slot(low).with(int.py(), |slot| {
+            let cached = slot.as_ref()?;
+            if cfg!(kvfence_py_cache_trusts_low_bits) {
+                // MUTATION (test-only): a slot whose handle has the same low bits is a hit.
+                return (cached.wire as u64 == low).then_some(cached.wire);
             }
-            equal
-        };
-        (equal == 1).then_some(cached.wire)
+            // SAFETY: both are live exact ints (the slot's is owned by the slot, which we
+            // hold); comparing two exact ints is `long_richcompare`, pure C: no Python code
+            // runs. It cannot fail for two ints; if it ever did (-1), the error is cleared
+            // and the exact path decides.
+            let equal = unsafe {
+                let equal = pyo3::ffi::PyObject_RichCompareBool(
+                    cached.int.as_ptr(),
+                    int.as_ptr(),
+                    pyo3::ffi::Py_EQ,
+                );
+                if equal < 0 {
+                    pyo3::ffi::PyErr_Clear();
+                }
+                equal
+            };
+            (equal == 1).then_some(cached.wire)
+        })
     }
 }
