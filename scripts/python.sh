@@ -88,6 +88,13 @@ for arg in "$@"; do
         mutation kvfence_py_cache_trusts_low_bits test_forged_high_bits
         mutation kvfence_py_truncating_items test_bad_items
         echo "ok: every binding mutation is caught"
+        # No free-threaded interpreter here to build against: at least compile the
+        # binding's free-threaded paths (`--cfg Py_GIL_DISABLED` for this crate only).
+        step "binding: the free-threaded code paths compile"
+        CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/py-mutant-free-threaded" \
+            PYO3_PYTHON="$VENV/bin/python" \
+            cargo rustc --quiet -p kvfence-python --lib -- --cfg Py_GIL_DISABLED -D warnings
+        echo "ok"
         ;;
     --bench)
         step "bench (python/bench/bench_lifecycle.py)"
