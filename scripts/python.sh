@@ -28,7 +28,8 @@ fi
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet "maturin>=1.9,<2" "pytest>=7"
+# mypy: stubtest checks the type stubs against the built module (below).
+python -m pip install --quiet "maturin>=1.9,<2" "pytest>=7" "mypy>=1.10"
 
 step "build + install (pip install ./python, maturin backend)"
 # --no-build-isolation: use the maturin just installed instead of fetching it again.
@@ -46,6 +47,14 @@ elif [ "$rc" -ne 0 ]; then
     echo "python.sh: pytest failed (exit $rc)" >&2
     exit "$rc"
 fi
+
+step "type stubs: mypy stubtest against the built module; a typed use under --strict"
+# From a scratch directory, so that the sources cannot shadow the installed package.
+scratch=$(mktemp -d)
+(cd "$scratch" &&
+    python -m mypy.stubtest kvfence --allowlist "$root/python/stubtest-allowlist.txt" &&
+    python -m mypy --strict "$root/python/tests/test_typed_use.py")
+rm -rf "$scratch"
 
 # The binding's own test-only mutations (python/Cargo.toml): each is built as a bare
 # extension module (cargo, no wheel), put first on PYTHONPATH, and the named tests of

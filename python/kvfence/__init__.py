@@ -32,5 +32,7 @@ __all__ = [
     "MAX_ROOMS",
     "MAX_PAGES",
     "__version__",
-    *_errors.__all__,
 ]
+# The exception classes, one per kvfence::Error (`+=` of a submodule's `__all__`: a form
+# type checkers understand).
+__all__ += _errors.__all__

@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Literal, Optional, Type, Union
+from typing import Any, Dict, Iterable, List, Literal, Optional, Type, Union, final
+
+__all__ = [
+    "RoomTable",
+    "Transfer",
+    "Released",
+    "MAX_WRITERS",
+    "MAX_ROOMS",
+    "MAX_PAGES",
+    "__version__",
+]
 
 __version__: str
 MAX_WRITERS: int
 MAX_ROOMS: int
 MAX_PAGES: int
 
-PhaseName = Literal["owned", "aborting", "draining", "free"]
-ReasonName = Literal["finished", "aborted", "quarantined"]
-QuiesceResult = Literal["recorded", "duplicate", "released", "stale"]
+# Stub-only aliases (not importable at runtime).
+_PhaseName = Literal["owned", "aborting", "draining", "free"]
+_ReasonName = Literal["finished", "aborted", "quarantined"]
+_QuiesceResult = Literal["recorded", "duplicate", "released", "stale"]
 
+@final
 class Released:
     """A room's release, delivered exactly once by ``RoomTable.drain_released()``."""
 
@@ -27,9 +39,10 @@ class Released:
     def pages(self) -> List[int]:
         """The room's page ids (a new list on each access)."""
     @property
-    def reason(self) -> ReasonName:
+    def reason(self) -> _ReasonName:
         """``"finished"``, ``"aborted"`` or ``"quarantined"`` (never free those pages)."""
 
+@final
 class Transfer:
     """A transfer in flight: the room keeps its pages until it ends (exactly once)."""
 
@@ -59,18 +72,19 @@ class Transfer:
     ) -> bool:
         """Completes on a normal exit, fails on an exception (which propagates)."""
 
+@final
 class RoomTable:
     """The kvfence room table (see the module docs and ``help(RoomTable)``)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         rooms: int,
         pages: Optional[int] = None,
         *,
         release_queue: bool = True,
         max_fenced: int = 256,
         max_tokens: Optional[int] = None,
-    ) -> None:
+    ) -> RoomTable:
         """``pages=None``: gate mode (the engine owns its pages); ``pages=N``: kvfence
         owns a pool of ``N`` pages."""
     @property
@@ -105,7 +119,7 @@ class RoomTable:
         aborting)."""
     def finish(self, h: int) -> None:
         """Finishes the request normally."""
-    def quiesce(self, h: int, rank: int) -> QuiesceResult:
+    def quiesce(self, h: int, rank: int) -> _QuiesceResult:
         """Records ``rank``'s ACK."""
     def fence_rank(self, rank: int) -> int:
         """Gives up on ``rank`` (transport torn down); returns rooms it released."""
@@ -119,7 +133,7 @@ class RoomTable:
         """One undelivered release, or ``None``."""
     def queued_releases(self) -> int:
         """How many releases wait for ``drain_released()``."""
-    def phase(self, h: int) -> PhaseName:
+    def phase(self, h: int) -> _PhaseName:
         """The phase of the handle's lifecycle (``"free"`` once released)."""
     def room_status(self, h: int) -> Dict[str, Any]:
         """A live room's status."""
