@@ -282,9 +282,16 @@ impl RoomTable {
         Error::StaleHandle
     }
 
-    /// Milliseconds since the table's epoch, wrapping, never [`NOT_CLOSED`].
+    /// Milliseconds since the table's epoch, wrapping modulo 2^32 (the readers subtract
+    /// with `wrapping_sub`), never [`NOT_CLOSED`]: that one value reads 1 ms early. Runs on
+    /// every close, so no 128-bit division (`as_millis() % ..` was one).
     pub(crate) fn now_ms(&self) -> u32 {
-        (self.epoch.elapsed().as_millis() % u128::from(NOT_CLOSED)) as u32
+        let elapsed = self.epoch.elapsed();
+        let ms = elapsed
+            .as_secs()
+            .wrapping_mul(1000)
+            .wrapping_add(u64::from(elapsed.subsec_millis())) as u32;
+        ms.min(NOT_CLOSED - 1)
     }
 
     /// Pool mode: claims a room and `pages` pages, all or nothing, for a request written by
@@ -393,7 +400,12 @@ impl RoomTable {
         // past this one): bring the hot part of that slot in now, so that its cache misses
         // overlap with whatever the caller does until then instead of stalling that `open`.
         // (Large tables: slots go cold between two lifecycles of one room.)
-        crate::sync::prefetch(&self.slots[(index + 1) % self.slots.len()], SLOT_HOT_BYTES);
+        let next = if index + 1 < self.slots.len() {
+            index + 1
+        } else {
+            0
+        };
+        crate::sync::prefetch(&self.slots[next], SLOT_HOT_BYTES);
         let slot = &self.slots[index].0;
         let filled = slot.pages.with_mut(|list| {
             // SAFETY: we claimed `index` in the room bitmap, so no other opener touches this
