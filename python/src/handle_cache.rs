@@ -123,7 +123,7 @@ impl HandleCache {
             wire,
         };
         let old = self.slot(wire as u64).with(py, |slot| slot.replace(new));
-        // Dropped (decref'd) outside the lock.
+        // Dropped (decref'd) after the slot's borrow ended.
         drop(old);
         int
     }
