@@ -12,27 +12,11 @@ Every method is safe to call from any Python thread; calls that block (the waits
 
 from __future__ import annotations
 
-from . import _errors
-from ._errors import *  # noqa: F401,F403  (one class per kvfence::Error: see _errors.__all__)
-from ._kvfence import (
-    MAX_PAGES,
-    MAX_ROOMS,
-    MAX_WRITERS,
-    Released,
-    RoomTable,
-    Transfer,
-    __version__,
-)
+from . import _errors, _kvfence
+# The native module's classes and limits (RoomTable, Transfer, Released, MAX_WRITERS,
+# MAX_ROOMS, MAX_PAGES, __version__: its `__all__`), and one exception class per
+# kvfence::Error (`_errors.__all__`).
+from ._errors import *  # noqa: F401,F403
+from ._kvfence import *  # noqa: F401,F403
 
-__all__ = [
-    "RoomTable",
-    "Transfer",
-    "Released",
-    "MAX_WRITERS",
-    "MAX_ROOMS",
-    "MAX_PAGES",
-    "__version__",
-]
-# The exception classes, one per kvfence::Error (`+=` of a submodule's `__all__`: a form
-# type checkers understand).
-__all__ += _errors.__all__
+__all__ = [*_kvfence.__all__, *_errors.__all__]

@@ -200,3 +200,16 @@ def test_docstrings_everywhere():
         for name, member in vars(cls).items():
             if not name.startswith("_"):
                 assert getattr(member, "__doc__", None), f"{cls.__name__}.{name}"
+
+
+def test_package_exports():
+    """`kvfence.__all__` is the native module's names plus one class per error, each one
+    importable (the stubs' check allowlists this list, so it is checked here)."""
+    core = {"RoomTable", "Transfer", "Released", "MAX_WRITERS", "MAX_ROOMS", "MAX_PAGES",
+            "__version__"}
+    assert set(kvfence.__all__) == core | set(kvfence._errors.__all__)
+    assert len(kvfence.__all__) == len(set(kvfence.__all__))
+    namespace = {}
+    exec("from kvfence import *", namespace)
+    for name in kvfence.__all__:
+        assert namespace[name] is getattr(kvfence, name)
