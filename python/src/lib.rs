@@ -104,23 +104,6 @@ impl<T> IntoPy<T> for Result<T, Error> {
 // Argument conversion
 // ---------------------------------------------------------------------------------------
 
-/// A handle: any int; one outside `0..2**128` is `InvalidHandle` (a `ValueError`).
-#[inline]
-fn handle(cache: &HandleCache, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
-    cache.read(h).map_err(|e| {
-        if e.is_instance_of::<PyOverflowError>(h.py()) {
-            raise(
-                h.py(),
-                "InvalidHandle",
-                "a room handle is an int in 0..2**128 (as returned by open)".into(),
-                Attr::None,
-            )
-        } else {
-            e
-        }
-    })
-}
-
 /// A rank id: an int in `0..2**32` (`2**32 - 1` is refused by the core).
 #[inline]
 fn rank(r: &Bound<'_, PyAny>) -> PyResult<u32> {
@@ -141,7 +124,7 @@ fn rank(r: &Bound<'_, PyAny>) -> PyResult<u32> {
 }
 
 /// The value of `item` if it is an exact int in `0..2**32`, read without running any
-/// Python code (`PyLong_AsLong` of an exact int calls no `__index__`).
+/// Python code (`PyLong_AsSsize_t` of an exact int calls no `__index__`).
 ///
 /// # Safety
 ///
@@ -562,9 +545,21 @@ impl PyRoomTable {
         &self.inner.table
     }
 
+    /// A handle: any int; one outside `0..2**128` is `InvalidHandle` (a `ValueError`).
     #[inline]
     fn handle(&self, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
-        handle(&self.inner.handles, h)
+        self.inner.handles.read(h).map_err(|e| {
+            if e.is_instance_of::<PyOverflowError>(h.py()) {
+                raise(
+                    h.py(),
+                    "InvalidHandle",
+                    "a room handle is an int in 0..2**128 (as returned by open)".into(),
+                    Attr::None,
+                )
+            } else {
+                e
+            }
+        })
     }
 }
 
