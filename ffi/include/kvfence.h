@@ -462,8 +462,8 @@ typedef struct kvfence_fenced {
 } kvfence_fenced;
 
 /**
- * One live room's status (`kvfence_room_status`, and each closing room of
- * `kvfence_stats`).
+ * One live room's status (`kvfence_get_room_status`, and each closing room of
+ * `kvfence_get_stats`).
  */
 typedef struct kvfence_room_status {
     /**
@@ -509,7 +509,7 @@ typedef struct kvfence_room_status {
 } kvfence_room_status;
 
 /**
- * Room or page occupancy (see `kvfence_stats`).
+ * Room or page occupancy (see `kvfence_get_stats`).
  */
 typedef struct kvfence_usage {
     /**
@@ -531,7 +531,7 @@ typedef struct kvfence_usage {
 } kvfence_usage;
 
 /**
- * A snapshot of a table (`kvfence_stats`). Versioned like `kvfence_config`: set
+ * A snapshot of a table (`kvfence_get_stats`). Versioned like `kvfence_config`: set
  * `struct_size` to `sizeof(kvfence_stats)` before the call.
  */
 typedef struct kvfence_stats {
@@ -896,7 +896,7 @@ kvfence_status kvfence_quiesce(const struct kvfence_table *table,
  * ended. Never blocks. The writer ranks still to be told (send each an ABORT; each answers
  * with its ACK) are written to `fanout[0..*fanout_len]`: `fanout_cap` must be at least
  * `KVFENCE_MAX_WRITERS` (checked before anything changes), or `fanout` NULL and
- * `fanout_cap` 0 to skip the list (`kvfence_room_status` has it too). If nothing held the
+ * `fanout_cap` 0 to skip the list (`kvfence_get_room_status` has it too). If nothing held the
  * room, it is released at once into `*release`. Thread-safe, lock-free.
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`
@@ -1085,9 +1085,9 @@ kvfence_status kvfence_wait_idle(const struct kvfence_table *table, uint64_t tim
  * # Safety
  * `table` live; `phase` valid for a write.
  */
-kvfence_status kvfence_phase(const struct kvfence_table *table,
-                             struct kvfence_handle handle,
-                             kvfence_phase *phase);
+kvfence_status kvfence_get_phase(const struct kvfence_table *table,
+                                 struct kvfence_handle handle,
+                                 kvfence_phase *phase);
 
 /**
  * The status of one live room into `*out`, without a scan: phase, the writers not yet
@@ -1099,9 +1099,9 @@ kvfence_status kvfence_phase(const struct kvfence_table *table,
  * # Safety
  * `table` live; `out` valid for a write.
  */
-kvfence_status kvfence_room_status(const struct kvfence_table *table,
-                                   struct kvfence_handle handle,
-                                   struct kvfence_room_status *out);
+kvfence_status kvfence_get_room_status(const struct kvfence_table *table,
+                                       struct kvfence_handle handle,
+                                       struct kvfence_room_status *out);
 
 /**
  * A snapshot of the table into `*out` (set `out->struct_size` first): occupancy, event
@@ -1118,12 +1118,12 @@ kvfence_status kvfence_room_status(const struct kvfence_table *table,
  * `table` live; `out` valid for `out->struct_size` bytes; `closing` for `closing_cap`
  * writes, `fenced` for `fenced_cap`.
  */
-kvfence_status kvfence_stats(const struct kvfence_table *table,
-                             struct kvfence_stats *out,
-                             struct kvfence_room_status *closing,
-                             size_t closing_cap,
-                             uint32_t *fenced,
-                             size_t fenced_cap);
+kvfence_status kvfence_get_stats(const struct kvfence_table *table,
+                                 struct kvfence_stats *out,
+                                 struct kvfence_room_status *closing,
+                                 size_t closing_cap,
+                                 uint32_t *fenced,
+                                 size_t fenced_cap);
 
 #ifdef __cplusplus
 }  // extern "C"

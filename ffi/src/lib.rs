@@ -263,7 +263,7 @@ pub struct kvfence_config {
     pub max_tokens: u64,
 }
 
-/// Room or page occupancy (see `kvfence_stats`).
+/// Room or page occupancy (see `kvfence_get_stats`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct kvfence_usage {
@@ -277,8 +277,8 @@ pub struct kvfence_usage {
     pub queued: u64,
 }
 
-/// One live room's status (`kvfence_room_status`, and each closing room of
-/// `kvfence_stats`).
+/// One live room's status (`kvfence_get_room_status`, and each closing room of
+/// `kvfence_get_stats`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvfence_room_status {
@@ -304,7 +304,7 @@ pub struct kvfence_room_status {
     pub reserved: u32,
 }
 
-/// A snapshot of a table (`kvfence_stats`). Versioned like `kvfence_config`: set
+/// A snapshot of a table (`kvfence_get_stats`). Versioned like `kvfence_config`: set
 /// `struct_size` to `sizeof(kvfence_stats)` before the call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1298,7 +1298,7 @@ pub unsafe extern "C" fn kvfence_quiesce(
 /// ended. Never blocks. The writer ranks still to be told (send each an ABORT; each answers
 /// with its ACK) are written to `fanout[0..*fanout_len]`: `fanout_cap` must be at least
 /// `KVFENCE_MAX_WRITERS` (checked before anything changes), or `fanout` NULL and
-/// `fanout_cap` 0 to skip the list (`kvfence_room_status` has it too). If nothing held the
+/// `fanout_cap` 0 to skip the list (`kvfence_get_room_status` has it too). If nothing held the
 /// room, it is released at once into `*release`. Thread-safe, lock-free.
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`
@@ -1686,7 +1686,7 @@ pub unsafe extern "C" fn kvfence_wait_idle(table: *const kvfence_table, timeout_
 /// # Safety
 /// `table` live; `phase` valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_phase(
+pub unsafe extern "C" fn kvfence_get_phase(
     table: *const kvfence_table,
     handle: kvfence_handle,
     phase: *mut kvfence_phase,
@@ -1711,7 +1711,7 @@ pub unsafe extern "C" fn kvfence_phase(
 /// # Safety
 /// `table` live; `out` valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_room_status(
+pub unsafe extern "C" fn kvfence_get_room_status(
     table: *const kvfence_table,
     handle: kvfence_handle,
     out: *mut kvfence_room_status,
@@ -1741,7 +1741,7 @@ pub unsafe extern "C" fn kvfence_room_status(
 /// `table` live; `out` valid for `out->struct_size` bytes; `closing` for `closing_cap`
 /// writes, `fenced` for `fenced_cap`.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_stats(
+pub unsafe extern "C" fn kvfence_get_stats(
     table: *const kvfence_table,
     out: *mut kvfence_stats,
     closing: *mut kvfence_room_status,
