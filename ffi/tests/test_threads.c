@@ -17,7 +17,8 @@
  * stale intent that kvfence refuses) or -DMUTATION_REUSE_ON_ABORT (decode reuses pages as
  * soon as it aborts, without waiting for the release) it must FAIL: ffi/ci.sh checks both.
  * -DMUTATION_LOSE_RELEASE (the decode thread drops one release) must fail the exactly-once
- * check. */
+ * check, and -DMUTATION_LEAK_RELEASE (a release's page array never freed) must fail under
+ * AddressSanitizer's leak check and valgrind. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -213,7 +214,9 @@ static void take_release(kvfence_release *r) {
         atomic_store(&owner[p], 0);
         free_pages[nfree++] = p;
     }
+#ifndef MUTATION_LEAK_RELEASE
     kvfence_release_free(r);
+#endif
 }
 
 static void drain(void) {
