@@ -480,7 +480,10 @@ fn check_slice<T>(p: *const T, len: usize) -> Result<(), Fail> {
         return Ok(());
     }
     if len > isize::MAX as usize / size_of::<T>().max(1) {
-        return Err(refuse(KVFENCE_BAD_LENGTH, "a length overflows the address space"));
+        return Err(refuse(
+            KVFENCE_BAD_LENGTH,
+            "a length overflows the address space",
+        ));
     }
     check(p)
 }
@@ -657,34 +660,91 @@ pub extern "C" fn kvfence_status_str(status: u32) -> *const c_char {
     const TEXTS: &[(u32, &str)] = &[
         (KVFENCE_OK as u32, "ok\0"),
         (KVFENCE_INVALID_CONFIG as u32, "invalid kvfence config\0"),
-        (KVFENCE_UNKNOWN_ROOM as u32, "room index is outside the table\0"),
-        (KVFENCE_INVALID_HANDLE as u32, "room handle was not made by this table\0"),
-        (KVFENCE_STALE_HANDLE as u32, "room handle is stale: its lifecycle is over or never began\0"),
-        (KVFENCE_ROOM_CLOSED as u32, "room is closing: no new transfer may begin\0"),
+        (
+            KVFENCE_UNKNOWN_ROOM as u32,
+            "room index is outside the table\0",
+        ),
+        (
+            KVFENCE_INVALID_HANDLE as u32,
+            "room handle was not made by this table\0",
+        ),
+        (
+            KVFENCE_STALE_HANDLE as u32,
+            "room handle is stale: its lifecycle is over or never began\0",
+        ),
+        (
+            KVFENCE_ROOM_CLOSED as u32,
+            "room is closing: no new transfer may begin\0",
+        ),
         (KVFENCE_ALREADY_ABORTED as u32, "room was already aborted\0"),
-        (KVFENCE_ALREADY_FINISHED as u32, "room was already finished\0"),
+        (
+            KVFENCE_ALREADY_FINISHED as u32,
+            "room was already finished\0",
+        ),
         (KVFENCE_INVALID_RANK as u32, "not a valid rank id\0"),
-        (KVFENCE_TOO_MANY_WRITERS as u32, "too many writer ranks for one room\0"),
-        (KVFENCE_DUPLICATE_WRITER as u32, "a writer rank appears twice\0"),
-        (KVFENCE_RANK_NOT_IN_ROOM as u32, "rank is not in the room's writer set\0"),
+        (
+            KVFENCE_TOO_MANY_WRITERS as u32,
+            "too many writer ranks for one room\0",
+        ),
+        (
+            KVFENCE_DUPLICATE_WRITER as u32,
+            "a writer rank appears twice\0",
+        ),
+        (
+            KVFENCE_RANK_NOT_IN_ROOM as u32,
+            "rank is not in the room's writer set\0",
+        ),
         (KVFENCE_RANK_FENCED as u32, "a writer rank is fenced\0"),
         (KVFENCE_TOO_MANY_FENCED as u32, "too many ranks fenced\0"),
-        (KVFENCE_WRONG_MODE as u32, "wrong table mode for this call (gate vs pool)\0"),
-        (KVFENCE_TOO_MANY_PAGES_IN_ROOM as u32, "the room cannot take that many more pages\0"),
-        (KVFENCE_INVALID_TOKEN as u32, "transfer token was not issued by this table, or was already ended\0"),
-        (KVFENCE_TOO_MANY_TOKENS as u32, "too many token transfers in flight\0"),
-        (KVFENCE_TOO_MANY_PAGES as u32, "more pages than the pool has\0"),
+        (
+            KVFENCE_WRONG_MODE as u32,
+            "wrong table mode for this call (gate vs pool)\0",
+        ),
+        (
+            KVFENCE_TOO_MANY_PAGES_IN_ROOM as u32,
+            "the room cannot take that many more pages\0",
+        ),
+        (
+            KVFENCE_INVALID_TOKEN as u32,
+            "transfer token was not issued by this table, or was already ended\0",
+        ),
+        (
+            KVFENCE_TOO_MANY_TOKENS as u32,
+            "too many token transfers in flight\0",
+        ),
+        (
+            KVFENCE_TOO_MANY_PAGES as u32,
+            "more pages than the pool has\0",
+        ),
         (KVFENCE_ROOM_TABLE_FULL as u32, "every room is in use\0"),
-        (KVFENCE_POOL_EXHAUSTED as u32, "not enough free pages (nothing was claimed)\0"),
-        (KVFENCE_TOO_MANY_TRANSFERS as u32, "room has the maximum number of transfers in flight\0"),
+        (
+            KVFENCE_POOL_EXHAUSTED as u32,
+            "not enough free pages (nothing was claimed)\0",
+        ),
+        (
+            KVFENCE_TOO_MANY_TRANSFERS as u32,
+            "room has the maximum number of transfers in flight\0",
+        ),
         (KVFENCE_OUT_OF_MEMORY as u32, "out of memory\0"),
         (KVFENCE_TIMED_OUT as u32, "timed out (nothing changed)\0"),
         (KVFENCE_NULL_POINTER as u32, "a required pointer is null\0"),
-        (KVFENCE_MISALIGNED_POINTER as u32, "a pointer is misaligned\0"),
-        (KVFENCE_BAD_LENGTH as u32, "bad length or buffer too small\0"),
+        (
+            KVFENCE_MISALIGNED_POINTER as u32,
+            "a pointer is misaligned\0",
+        ),
+        (
+            KVFENCE_BAD_LENGTH as u32,
+            "bad length or buffer too small\0",
+        ),
         (KVFENCE_BAD_ARGUMENT as u32, "argument out of range\0"),
-        (KVFENCE_PANIC as u32, "kvfence panicked (caught at the boundary): a bug\0"),
-        (KVFENCE_INTERNAL_ERROR as u32, "internal error: unknown kvfence error\0"),
+        (
+            KVFENCE_PANIC as u32,
+            "kvfence panicked (caught at the boundary): a bug\0",
+        ),
+        (
+            KVFENCE_INTERNAL_ERROR as u32,
+            "internal error: unknown kvfence error\0",
+        ),
     ];
     let text = TEXTS
         .iter()
@@ -718,7 +778,11 @@ pub extern "C" fn kvfence_abi_version() -> u32 {
 /// # Safety
 /// `buf` valid for `cap` bytes; `len` NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_last_error(buf: *mut c_char, cap: usize, len: *mut usize) -> kvfence_status {
+pub unsafe extern "C" fn kvfence_last_error(
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> kvfence_status {
     // Read the message before `call` (whose own refusals would overwrite it).
     let msg = match LAST.with(Cell::get) {
         Last::None => String::from("no error"),
@@ -757,10 +821,17 @@ pub unsafe extern "C" fn kvfence_last_error(buf: *mut c_char, cap: usize, len: *
 /// # Safety
 /// `out` valid for `len` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_handle_to_bytes(handle: kvfence_handle, out: *mut u8, len: usize) -> kvfence_status {
+pub unsafe extern "C" fn kvfence_handle_to_bytes(
+    handle: kvfence_handle,
+    out: *mut u8,
+    len: usize,
+) -> kvfence_status {
     call(|| {
         if len != 16 {
-            return Err(refuse(KVFENCE_BAD_LENGTH, "a handle's byte form is 16 bytes"));
+            return Err(refuse(
+                KVFENCE_BAD_LENGTH,
+                "a handle's byte form is 16 bytes",
+            ));
         }
         check(out)?;
         let bytes = handle_of(handle).to_bytes();
@@ -785,7 +856,10 @@ pub unsafe extern "C" fn kvfence_handle_from_bytes(
 ) -> kvfence_status {
     call(|| {
         if len != 16 {
-            return Err(refuse(KVFENCE_BAD_LENGTH, "a handle's byte form is 16 bytes"));
+            return Err(refuse(
+                KVFENCE_BAD_LENGTH,
+                "a handle's byte form is 16 bytes",
+            ));
         }
         check(bytes)?;
         check(out)?;
@@ -877,7 +951,10 @@ unsafe fn read_config(p: *const kvfence_config) -> Result<Config, Fail> {
     // SAFETY: `known` bytes are readable and every bit pattern is a valid kvfence_config.
     let c = unsafe { p.read() };
     if c.release_queue > 1 {
-        return Err(refuse(KVFENCE_BAD_ARGUMENT, "kvfence_config.release_queue must be 0 or 1"));
+        return Err(refuse(
+            KVFENCE_BAD_ARGUMENT,
+            "kvfence_config.release_queue must be 0 or 1",
+        ));
     }
     let size = |v: u64, what: &'static str| {
         usize::try_from(v).map_err(|_| refuse(KVFENCE_BAD_ARGUMENT, what))
@@ -891,8 +968,14 @@ unsafe fn read_config(p: *const kvfence_config) -> Result<Config, Fail> {
     };
     config = config
         .release_queue(c.release_queue == 1)
-        .max_fenced(size(c.max_fenced, "kvfence_config.max_fenced does not fit size_t")?)
-        .max_tokens(size(c.max_tokens, "kvfence_config.max_tokens does not fit size_t")?);
+        .max_fenced(size(
+            c.max_fenced,
+            "kvfence_config.max_fenced does not fit size_t",
+        )?)
+        .max_tokens(size(
+            c.max_tokens,
+            "kvfence_config.max_tokens does not fit size_t",
+        )?);
     Ok(config)
 }
 
@@ -951,7 +1034,10 @@ pub unsafe extern "C" fn kvfence_table_free(table: *mut kvfence_table) {
 /// # Safety
 /// `table` live; `out` valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_table_config(table: *const kvfence_table, out: *mut kvfence_config) -> kvfence_status {
+pub unsafe extern "C" fn kvfence_table_config(
+    table: *const kvfence_table,
+    out: *mut kvfence_config,
+) -> kvfence_status {
     call(|| {
         // SAFETY: a live table by contract.
         let t = unsafe { self::table(table) }?;
@@ -998,7 +1084,10 @@ pub unsafe extern "C" fn kvfence_open(
         check_slice(pages_out, pages_cap)?;
         check(handle)?;
         if pages_cap < npages {
-            return Err(refuse(KVFENCE_BAD_LENGTH, "pages_cap is smaller than npages"));
+            return Err(refuse(
+                KVFENCE_BAD_LENGTH,
+                "pages_cap is smaller than npages",
+            ));
         }
         // SAFETY: checked; valid for `nwriters` by contract.
         let writers = unsafe { input(writers, nwriters) };
@@ -1085,7 +1174,10 @@ pub unsafe extern "C" fn kvfence_grow(
         let t = unsafe { self::table(table) }?;
         check_slice(pages_out, pages_cap)?;
         if pages_cap < npages {
-            return Err(refuse(KVFENCE_BAD_LENGTH, "pages_cap is smaller than npages"));
+            return Err(refuse(
+                KVFENCE_BAD_LENGTH,
+                "pages_cap is smaller than npages",
+            ));
         }
         let added = t.inner.grow(handle_of(handle), npages)?;
         if !added.is_empty() {
@@ -1153,7 +1245,10 @@ pub unsafe extern "C" fn kvfence_pages_of(
         // SAFETY: checked.
         unsafe { put(len, pages.len()) };
         if pages.len() > cap {
-            return Err(refuse(KVFENCE_BAD_LENGTH, "the buffer is smaller than the room's page list"));
+            return Err(refuse(
+                KVFENCE_BAD_LENGTH,
+                "the buffer is smaller than the room's page list",
+            ));
         }
         if !pages.is_empty() {
             // SAFETY: valid for `cap >= pages.len()` writes.
@@ -1331,7 +1426,11 @@ pub unsafe extern "C" fn kvfence_abort(
             ));
         }
         let aborted = t.inner.abort(handle_of(handle))?;
-        let n = if fanout_cap == 0 { 0 } else { aborted.fanout.len() };
+        let n = if fanout_cap == 0 {
+            0
+        } else {
+            aborted.fanout.len()
+        };
         if n > 0 {
             // SAFETY: valid for `fanout_cap >= KVFENCE_MAX_WRITERS >= n` writes.
             unsafe { ptr::copy_nonoverlapping(aborted.fanout.as_ptr(), fanout, n) };
@@ -1537,7 +1636,9 @@ pub unsafe extern "C" fn kvfence_drain_released(
             i += 1;
         });
         while i < cap {
-            let Some(r) = t.inner.pop_released() else { break };
+            let Some(r) = t.inner.pop_released() else {
+                break;
+            };
             // SAFETY: `i < cap`, valid for `cap` writes by contract.
             unsafe { put(out.add(i), c_release(r)) };
             i += 1;
@@ -1556,7 +1657,10 @@ pub unsafe extern "C" fn kvfence_drain_released(
 /// # Safety
 /// `table` live; `n` valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_queued_releases(table: *const kvfence_table, n: *mut usize) -> kvfence_status {
+pub unsafe extern "C" fn kvfence_queued_releases(
+    table: *const kvfence_table,
+    n: *mut usize,
+) -> kvfence_status {
     call(|| {
         // SAFETY: a live table by contract.
         let t = unsafe { self::table(table) }?;
@@ -1600,7 +1704,10 @@ pub unsafe extern "C" fn kvfence_release_free(release: *mut kvfence_release) -> 
 /// # Safety
 /// As `kvfence_release_free`, for each of the `n`.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_releases_free(releases: *mut kvfence_release, n: usize) -> kvfence_status {
+pub unsafe extern "C" fn kvfence_releases_free(
+    releases: *mut kvfence_release,
+    n: usize,
+) -> kvfence_status {
     call(|| {
         check_slice(releases, n)?;
         for i in 0..n {
@@ -1644,7 +1751,10 @@ pub unsafe extern "C" fn kvfence_wait_released(
         if done {
             Ok(())
         } else {
-            Err(refuse(KVFENCE_TIMED_OUT, "the wait's timeout ran out first"))
+            Err(refuse(
+                KVFENCE_TIMED_OUT,
+                "the wait's timeout ran out first",
+            ))
         }
     })
 }
@@ -1658,7 +1768,10 @@ pub unsafe extern "C" fn kvfence_wait_released(
 /// # Safety
 /// `table` live.
 #[no_mangle]
-pub unsafe extern "C" fn kvfence_wait_idle(table: *const kvfence_table, timeout_ms: u64) -> kvfence_status {
+pub unsafe extern "C" fn kvfence_wait_idle(
+    table: *const kvfence_table,
+    timeout_ms: u64,
+) -> kvfence_status {
     call(|| {
         // SAFETY: a live table by contract.
         let t = unsafe { self::table(table) }?;
@@ -1672,7 +1785,10 @@ pub unsafe extern "C" fn kvfence_wait_idle(table: *const kvfence_table, timeout_
         if idle {
             Ok(())
         } else {
-            Err(refuse(KVFENCE_TIMED_OUT, "the wait's timeout ran out first"))
+            Err(refuse(
+                KVFENCE_TIMED_OUT,
+                "the wait's timeout ran out first",
+            ))
         }
     })
 }

@@ -11,11 +11,16 @@ fn every_error() -> Vec<Error> {
         Error::UnknownRoom { index: 1, rooms: 1 },
         Error::InvalidHandle,
         Error::StaleHandle,
-        Error::RoomClosed { phase: Phase::Aborting },
+        Error::RoomClosed {
+            phase: Phase::Aborting,
+        },
         Error::AlreadyAborted,
         Error::AlreadyFinished,
         Error::InvalidRank { rank: u32::MAX },
-        Error::TooManyWriters { writers: 65, max: 64 },
+        Error::TooManyWriters {
+            writers: 65,
+            max: 64,
+        },
         Error::DuplicateWriter { rank: 1 },
         Error::RankNotInRoom { rank: 1 },
         Error::RankFenced { rank: 1 },
@@ -24,7 +29,10 @@ fn every_error() -> Vec<Error> {
         Error::TooManyPagesInRoom,
         Error::InvalidToken,
         Error::TooManyTokens,
-        Error::TooManyPages { requested: 2, capacity: 1 },
+        Error::TooManyPages {
+            requested: 2,
+            capacity: 1,
+        },
         Error::RoomTableFull,
         Error::PoolExhausted { requested: 1 },
         Error::TooManyTransfers,
@@ -63,18 +71,27 @@ fn a_panic_is_caught_and_reported() {
     INJECT_PANIC.with(|p| p.set(true));
     let (mut q, mut r) = (kvfence_quiesced::KVFENCE_QUIESCE_RECORDED, NO_RELEASE);
     // SAFETY: a live table, valid pointers.
-    assert_eq!(unsafe { kvfence_quiesce(t, h, 0, &mut q, &mut r) }, KVFENCE_PANIC);
+    assert_eq!(
+        unsafe { kvfence_quiesce(t, h, 0, &mut q, &mut r) },
+        KVFENCE_PANIC
+    );
     let mut buf = [0 as c_char; 128];
     let mut len = 0;
     // SAFETY: valid buffer.
-    assert_eq!(unsafe { kvfence_last_error(buf.as_mut_ptr(), buf.len(), &mut len) }, KVFENCE_OK);
+    assert_eq!(
+        unsafe { kvfence_last_error(buf.as_mut_ptr(), buf.len(), &mut len) },
+        KVFENCE_OK
+    );
     // SAFETY: NUL-terminated by kvfence_last_error.
     let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
     assert!(msg.contains("panicked"), "{msg}");
     // The switch is one-shot: the next call runs normally (the panic struck before the
     // body, so the table is intact here).
     // SAFETY: as above.
-    assert_eq!(unsafe { kvfence_quiesce(t, h, 0, &mut q, &mut r) }, KVFENCE_OK);
+    assert_eq!(
+        unsafe { kvfence_quiesce(t, h, 0, &mut q, &mut r) },
+        KVFENCE_OK
+    );
     // SAFETY: made above.
     unsafe { kvfence_table_free(t) };
 }

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# CI for the C ABI (ffi/): one PASS/FAIL line per check, then "N passed, M failed".
+#
+#   1. cargo build --release -p kvfence-ffi: libkvfence.a and libkvfence.so (soname
+#      libkvfence.so.0) in target/release/
+#   2. the committed include/kvfence.h is what cbindgen generates now (check-header.sh)
+#   3. every function of the header is called by the C/C++ tests, every status is asserted
+#   4. Rust unit tests of the boundary (every core error's status, a panic caught)
+#   5. the C API test, the threaded C test, the C++ wrapper test (C++17 and C++20), a
+#      -fno-exceptions build of the wrapper, the benchmark programs (smoke run)
+#   6. mutations the threaded test must catch (writes after a refused begin, pages reused
+#      at abort, a lost release)
+#   7. AddressSanitizer + UndefinedBehaviorSanitizer (C side instrumented; LeakSanitizer
+#      also checks that every release's page array was freed): all tests + a leak mutation
+#   8. ThreadSanitizer, with libkvfence.a itself built by nightly Rust with
+#      -Zsanitizer=thread -Zbuild-std (so TSan sees the happens-before edges of kvfence's
+#      atomics, and std's), linked with Rust's TSan runtime: all tests, and the threaded
+#      test's stale-write mutation must be reported as a data race
+#   9. valgrind memcheck (leaks, invalid accesses): all tests + a leak mutation
+#  10. install.sh into a temporary prefix; a pkg-config consumer and a CMake
+#      find_package(kvfence) consumer (shared, static, C++) build and run
+#
+# Installs with apt what is missing (valgrind, cmake, pkg-config). A tool that cannot be
+# installed, or no nightly toolchain / rust-src for TSan (or SKIP_NIGHTLY=1), is skipped
+# with a NOTICE, not failed. Exit status: non-zero iff a check failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+start=$(date +%s)
+work=$(mktemp -d "${TMPDIR:-/tmp}/kvfence-ffi-ci.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+pass() { echo "PASS: $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+notice() { printf '\n*** NOTICE: %s ***\n\n' "$*"; }
+
+# run NAME CMD...: passes if CMD exits 0.
+run() {
+    local name=$1
+    shift
+    if "$@" >"$work/$name.log" 2>&1; then
+        pass "$name$(grep -m1 -o '[0-9]* passed, [0-9]* failed' "$work/$name.log" | sed 's/^/ (/; s/$/)/')"
+    else
+        fail "$name"
+        tail -40 "$work/$name.log"
+    fi
+}
+# expect_fail NAME CMD...: passes if CMD fails (a mutation the check must catch).
+expect_fail() {
+    local name=$1
+    shift
+    if "$@" >"$work/$name.log" 2>&1; then
+        fail "$name: the mutation was NOT caught"
+        tail -20 "$work/$name.log"
+    else
+        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost' "$work/$name.log" | cut -c1-100))"
+    fi
+}
+
+apt_updated=0
+# need CMD PACKAGE: installs PACKAGE with apt when CMD is missing; false if impossible.
+need() {
+    command -v "$1" >/dev/null 2>&1 && return 0
+    if [ "$apt_updated" = 0 ]; then
+        apt-get update -qq >/dev/null 2>&1 || true
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null 2>&1 || true
+    command -v "$1" >/dev/null 2>&1
+}
+
+need cc gcc || { notice "no C compiler and gcc cannot be installed: the C ABI tests SKIPPED"; exit 0; }
+need c++ g++ || { notice "no C++ compiler and g++ cannot be installed: the C ABI tests SKIPPED"; exit 0; }
+
+inc="-Iffi/include"
+libs="-lpthread -ldl -lm"
+cflags="-std=c11 -Wall -Wextra -Werror -g -O1"
+cxxflags="-Wall -Wextra -Werror -g -O1"
+lib=target/release/libkvfence.a
+
+# ---- 1. build ----
+run "build: cargo build --release -p kvfence-ffi" cargo build --release -p kvfence-ffi
+soname() { readelf -d target/release/libkvfence.so | grep -q 'SONAME.*\[libkvfence.so.0\]'; }
+run "artifacts: libkvfence.a, libkvfence.so with soname libkvfence.so.0" \
+    bash -c "test -f target/release/libkvfence.a && test -f target/release/libkvfence.so && $(declare -f soname); soname"
+# Every exported symbol is kvfence_-prefixed (no Rust symbol leaks from the shared library).
+leaks() {
+    nm -D --defined-only target/release/libkvfence.so | awk '$2 ~ /^[TDB]$/ {print $3}' |
+        grep -v '^kvfence_' | grep -v -E '^(_init|_fini|__bss_start|_edata|_end)$' || true
+}
+run "exports: every dynamic symbol of libkvfence.so starts with kvfence_" \
+    bash -c "$(declare -f leaks); out=\$(leaks); [ -z \"\$out\" ] || { echo \"\$out\"; exit 1; }"
+
+# ---- 2. header freshness ----
+if bash ffi/check-header.sh >"$work/header.log" 2>&1; then
+    if grep -q NOTICE "$work/header.log"; then
+        cat "$work/header.log"
+    else
+        pass "header: ffi/include/kvfence.h is fresh (cbindgen)"
+    fi
+else
+    fail "header: ffi/include/kvfence.h is stale"
+    tail -30 "$work/header.log"
+fi
+
+# ---- 3. coverage of the header by the tests ----
+coverage() {
+    local missing=0
+    for f in $(grep -o -E '\bkvfence_[a-z_]+\(' ffi/include/kvfence.h | tr -d '(' | sort -u); do
+        if ! grep -q -w "$f" ffi/tests/*.c ffi/tests/*.cpp; then
+            echo "function $f is not called by any C/C++ test"
+            missing=1
+        fi
+    done
+    # Statuses no C caller can reach are asserted by the Rust tests (ffi/src/tests.rs).
+    local rust_only="KVFENCE_UNKNOWN_ROOM KVFENCE_TOO_MANY_TRANSFERS KVFENCE_PANIC KVFENCE_INTERNAL_ERROR"
+    for s in $(sed -n '/^enum kvfence_status/,/^};/p' ffi/include/kvfence.h | grep -o -E 'KVFENCE_[A-Z_]+ =' | tr -d ' ='); do
+        if grep -q -w "$s" ffi/tests/test_api.c; then continue; fi
+        if [[ " $rust_only " == *" $s "* ]]; then continue; fi
+        echo "status $s is asserted by no test"
+        missing=1
+    done
+    return $missing
+}
+run "coverage: every header function called, every status asserted" coverage
+
+# ---- 4. Rust unit tests of the boundary ----
+run "rust: cargo test -p kvfence-ffi (status per core error, panic caught)" \
+    cargo test -q -p kvfence-ffi --lib
+
+# ---- 5. the tests, plain ----
+build_c() { # OUT SRC EXTRA-FLAGS... (links $lib)
+    local out=$1 src=$2
+    shift 2
+    cc $cflags $inc "$@" "$src" "$lib" $libs -o "$work/$out"
+}
+build_cxx() {
+    local out=$1 src=$2
+    shift 2
+    c++ $cxxflags $inc "$@" "$src" "$lib" $libs -o "$work/$out"
+}
+run "compile: C tests and the C++ test (C++17, C++20)" bash -c "
+    $(declare -f build_c build_cxx); cflags='$cflags'; cxxflags='$cxxflags'; inc='$inc'; lib='$lib'; libs='$libs'; work='$work'
+    build_c test_api ffi/tests/test_api.c &&
+    build_c test_threads ffi/tests/test_threads.c -DREQUESTS=20000 &&
+    build_cxx test_cpp17 ffi/tests/test_cpp.cpp -std=c++17 &&
+    build_cxx test_cpp20 ffi/tests/test_cpp.cpp -std=c++20"
+run "test_api (every function, every status)" "$work/test_api"
+run "test_threads (20000 requests: no write after reuse, every release once)" "$work/test_threads"
+run "test_cpp C++17 (RAII, guard destructor fails the transfer)" "$work/test_cpp17"
+run "test_cpp C++20 (and std::span overloads)" "$work/test_cpp20"
+printf '#include "kvfence.hpp"\nint main() { auto t = kvfence::Table::create(kvfence::Table::gate(4)); return t.ok() ? 0 : 1; }\n' >"$work/noexc.cpp"
+run "kvfence.hpp builds and runs with -fno-exceptions" bash -c \
+    "c++ -std=c++17 -fno-exceptions $cxxflags $inc $work/noexc.cpp $lib $libs -o $work/noexc && $work/noexc"
+run "bench programs build and run (smoke; figures: ffi/bench/run.sh)" bash -c \
+    "cc -std=c11 -O2 $inc ffi/bench/lifecycle.c $lib $libs -o $work/c_bench && $work/c_bench 1 2000 &&
+     target/release/kvfence-ffi-bench 1 2000 && target/release/kvfence-ffi-bench --guards 1 2000"
+
+# ---- 6. mutations the threaded test must catch ----
+for m in MUTATION_IGNORE_REFUSAL MUTATION_REUSE_ON_ABORT MUTATION_LOSE_RELEASE; do
+    if build_c "mut_$m" ffi/tests/test_threads.c "-D$m" >"$work/mut_build.log" 2>&1; then
+        expect_fail "mutation $m caught by test_threads" "$work/mut_$m"
+    else
+        fail "mutation $m: does not build"
+        cat "$work/mut_build.log"
+    fi
+done
+
+# ---- 7. ASan + UBSan ----
+san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+if build_c asan_api ffi/tests/test_api.c $san >"$work/asan_build.log" 2>&1 &&
+    build_c asan_threads ffi/tests/test_threads.c $san &&
+    build_cxx asan_cpp ffi/tests/test_cpp.cpp -std=c++20 $san &&
+    build_c asan_leak ffi/tests/test_threads.c $san -DMUTATION_LEAK_RELEASE; then
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+    run "asan+ubsan: test_api" env KVFENCE_NO_RLIMIT=asan "$work/asan_api"
+    run "asan+ubsan: test_threads" "$work/asan_threads"
+    run "asan+ubsan: test_cpp" "$work/asan_cpp"
+    expect_fail "asan: a leaked release (MUTATION_LEAK_RELEASE) is reported" "$work/asan_leak"
+else
+    fail "asan+ubsan: the tests do not build"
+    tail -20 "$work/asan_build.log"
+fi
+
+# ---- 8. ThreadSanitizer (instrumented Rust library) ----
+tsan() {
+    if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
+        notice "SKIP_NIGHTLY=1: ThreadSanitizer of the C ABI SKIPPED"
+        return
+    fi
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+        notice "no nightly toolchain: ThreadSanitizer of the C ABI SKIPPED"
+        return
+    fi
+    if ! rustup component add rust-src --toolchain nightly >/dev/null 2>&1; then
+        notice "rust-src cannot be installed: ThreadSanitizer of the C ABI SKIPPED"
+        return
+    fi
+    local host rt tlib
+    host=$(rustc +nightly -vV | sed -n 's/^host: //p')
+    rt="$(rustc +nightly --print sysroot)/lib/rustlib/$host/lib/librustc-nightly_rt.tsan.a"
+    # The same target directory, profile and flags as scripts/tsan.sh: the instrumented
+    # std is built once per CI run, for both.
+    tlib="target/$host/debug/libkvfence.a"
+    run "tsan: build libkvfence.a with nightly -Zsanitizer=thread -Zbuild-std" \
+        env RUSTFLAGS="-Zsanitizer=thread" cargo +nightly build -Zbuild-std --target "$host" -p kvfence-ffi --lib
+    [ -f "$tlib" ] || return
+    # C/C++ instrumented by gcc, linked against Rust's TSan runtime (the one the library
+    # was instrumented for; gcc's older libtsan lacks symbols LLVM's instrumentation uses).
+    tbuild() { # OUT SRC COMPILER FLAGS...
+        local out=$1 src=$2 compiler=$3
+        shift 3
+        $compiler -g -O1 -fsanitize=thread $inc "$@" -c "$src" -o "$work/$out.o" &&
+            $compiler "$work/$out.o" "$tlib" -Wl,--whole-archive "$rt" -Wl,--no-whole-archive \
+                $libs -lrt -o "$work/$out"
+    }
+    if tbuild tsan_threads ffi/tests/test_threads.c cc -std=c11 >"$work/tsan_build.log" 2>&1 &&
+        tbuild tsan_api ffi/tests/test_api.c cc -std=c11 &&
+        tbuild tsan_cpp ffi/tests/test_cpp.cpp c++ -std=c++17 &&
+        tbuild tsan_mut ffi/tests/test_threads.c cc -std=c11 -DMUTATION_IGNORE_REFUSAL; then
+        export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
+        run "tsan: test_threads (no data race on the page arena)" "$work/tsan_threads"
+        run "tsan: test_api" env KVFENCE_NO_RLIMIT=tsan "$work/tsan_api"
+        run "tsan: test_cpp" "$work/tsan_cpp"
+        expect_fail "tsan: stale writes (MUTATION_IGNORE_REFUSAL) reported as a data race" "$work/tsan_mut"
+    else
+        fail "tsan: the tests do not build"
+        tail -20 "$work/tsan_build.log"
+    fi
+}
+tsan
+
+# ---- 9. valgrind memcheck ----
+if need valgrind valgrind; then
+    vg="valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite"
+    build_c vg_threads ffi/tests/test_threads.c >/dev/null 2>&1
+    build_c vg_leak ffi/tests/test_threads.c -DMUTATION_LEAK_RELEASE >/dev/null 2>&1
+    run "valgrind: test_api" env KVFENCE_NO_RLIMIT=valgrind $vg "$work/test_api"
+    run "valgrind: test_threads" $vg "$work/vg_threads"
+    run "valgrind: test_cpp" $vg "$work/test_cpp20"
+    expect_fail "valgrind: a leaked release (MUTATION_LEAK_RELEASE) is reported" $vg "$work/vg_leak"
+else
+    notice "valgrind cannot be installed: valgrind memcheck SKIPPED"
+fi
+
+# ---- 10. install, pkg-config and CMake consumers ----
+prefix="$work/prefix"
+run "install: ffi/install.sh PREFIX" env KVFENCE_NO_BUILD=1 bash ffi/install.sh "$prefix"
+if need pkg-config pkg-config; then
+    pc() { PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config "$@"; }
+    run "pkg-config: cc \$(pkg-config --cflags --libs kvfence) example, run against libkvfence.so.0" bash -c "
+        $(declare -f pc); prefix='$prefix'
+        cc -std=c11 -Wall -Werror \$(pc --cflags kvfence) ffi/examples/decode.c \$(pc --libs kvfence) \
+            -Wl,-rpath,$prefix/lib -o $work/pc_decode &&
+        readelf -d $work/pc_decode | grep -q 'NEEDED.*libkvfence.so.0' && $work/pc_decode"
+else
+    notice "pkg-config cannot be installed: the pkg-config consumer SKIPPED"
+fi
+if need cmake cmake; then
+    run "cmake: find_package(kvfence) consumer (shared, static, C++) builds and runs" bash -c "
+        cmake -S ffi/tests/consumer -B $work/cmake -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_BUILD_TYPE=Release &&
+        cmake --build $work/cmake -j2 && $work/cmake/decode_shared && $work/cmake/decode_static &&
+        $work/cmake/cpp_consumer"
+else
+    notice "cmake cannot be installed: the CMake consumer SKIPPED"
+fi
+
+echo
+echo "ffi/ci.sh took $(($(date +%s) - start))s"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
