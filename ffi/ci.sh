@@ -35,26 +35,27 @@ pass() { echo "PASS: $*"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 notice() { printf '\n*** NOTICE: %s ***\n\n' "$*"; }
 
+nlog=0
 # run NAME CMD...: passes if CMD exits 0.
 run() {
-    local name=$1
+    local name=$1 log="$work/log.$((++nlog))"
     shift
-    if "$@" >"$work/$name.log" 2>&1; then
-        pass "$name$(grep -m1 -o '[0-9]* passed, [0-9]* failed' "$work/$name.log" | sed 's/^/ (/; s/$/)/')"
+    if "$@" >"$log" 2>&1; then
+        pass "$name$(grep -m1 -o '[0-9]* passed, [0-9]* failed' "$log" | sed 's/^/ (/; s/$/)/')"
     else
         fail "$name"
-        tail -40 "$work/$name.log"
+        tail -40 "$log"
     fi
 }
 # expect_fail NAME CMD...: passes if CMD fails (a mutation the check must catch).
 expect_fail() {
-    local name=$1
+    local name=$1 log="$work/log.$((++nlog))"
     shift
-    if "$@" >"$work/$name.log" 2>&1; then
+    if "$@" >"$log" 2>&1; then
         fail "$name: the mutation was NOT caught"
-        tail -20 "$work/$name.log"
+        tail -20 "$log"
     else
-        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost' "$work/$name.log" | cut -c1-100))"
+        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost' "$log" | cut -c1-100))"
     fi
 }
 
