@@ -433,7 +433,8 @@ typedef struct kvfence_release {
      */
     size_t pages_cap;
     /**
-     * A `kvfence_reason`; `KVFENCE_REASON_NONE` when this holds no release.
+     * A `kvfence_reason`; `KVFENCE_REASON_NONE` when this holds no release (then the other
+     * fields are unspecified: a function that released nothing writes only this one).
      */
     kvfence_reason reason;
 } kvfence_release;
@@ -1027,8 +1028,9 @@ kvfence_status kvfence_queued_releases(const struct kvfence_table *table, size_t
 
 /**
  * Frees the page array of a release (`pages`) and resets it to the empty release (reason
- * NONE), so a second call is harmless. Does not touch the table: the room was released
- * already. Thread-safe for distinct releases.
+ * NONE), so a second call is harmless; a release whose reason is NONE is left as it is.
+ * Does not touch the table: the room was released already. Thread-safe for distinct
+ * releases.
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`.
  *

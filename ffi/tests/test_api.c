@@ -234,8 +234,10 @@ static void pool_mode(void) {
     EXPECT(kvfence_grow(t, h, 1, more, 3), KVFENCE_ROOM_CLOSED);
     EXPECT(kvfence_pages_of(t, h, list, 8, &n), KVFENCE_ROOM_CLOSED);
     kvfence_quiesced q;
+    memset(&r, 0xab, sizeof r); /* garbage: "no release" writes only the reason */
     OK(kvfence_quiesce(t, h, 0, &q, &r));
-    CHECK(q == KVFENCE_QUIESCE_RECORDED);
+    CHECK(q == KVFENCE_QUIESCE_RECORDED && r.reason == KVFENCE_REASON_NONE);
+    OK(kvfence_release_free(&r)); /* a NONE release is never freed, whatever its fields */
     OK(kvfence_quiesce(t, h, 0, &q, &r));
     CHECK(q == KVFENCE_QUIESCE_DUPLICATE);
     OK(kvfence_quiesce(t, h, 1, &q, &r));
