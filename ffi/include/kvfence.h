@@ -772,7 +772,8 @@ kvfence_status kvfence_open_gate(const struct kvfence_table *table,
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`,
  * `KVFENCE_WRONG_MODE`, `KVFENCE_ROOM_CLOSED` (closing), `KVFENCE_STALE_HANDLE`,
- * `KVFENCE_INVALID_HANDLE`, `KVFENCE_UNKNOWN_ROOM`, `KVFENCE_POOL_EXHAUSTED`,
+ * `KVFENCE_INVALID_HANDLE`, `KVFENCE_UNKNOWN_ROOM`, `KVFENCE_TOO_MANY_PAGES` (more than the
+ * whole pool), `KVFENCE_POOL_EXHAUSTED`,
  * `KVFENCE_TOO_MANY_TRANSFERS`. If the room was closed meanwhile and this call's hold was
  * its last, its release goes to the release queue.
  *
@@ -1002,8 +1003,9 @@ kvfence_status kvfence_pop_released(const struct kvfence_table *table,
 
 /**
  * Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
- * while `*n == cap`). Call it from the owner thread each loop; any thread may, and each
- * release goes to exactly one caller. Lock-free when the overflow queue is empty.
+ * while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
+ * any thread may, and each release goes to exactly one caller. Lock-free when the overflow
+ * queue is empty; no allocation once the thread's scratch buffer has grown.
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
  *
@@ -1050,10 +1052,13 @@ kvfence_status kvfence_release_free(struct kvfence_release *release);
 kvfence_status kvfence_releases_free(struct kvfence_release *releases, size_t n);
 
 /**
- * Blocks until the handle's lifecycle is released and its pages are back (returns at once
- * if they already are), for at most `timeout_ms` milliseconds (`KVFENCE_WAIT_FOREVER`: no
- * deadline). Waiting changes nothing (time never releases a room). Parks the thread; no
- * polling. Thread-safe.
+ * Blocks until the handle's lifecycle is released (returns at once if it already is), for
+ * at most `timeout_ms` milliseconds (`KVFENCE_WAIT_FOREVER`: no deadline). With direct
+ * delivery its pages and room index are then back; a release that went to the release
+ * queue (every release of a `release_queue` table) is delivered by the next
+ * `kvfence_drain_released`, which the waiting thread may call itself: wait, then drain.
+ * Waiting changes nothing (time never releases a room). Parks the thread; no polling.
+ * Thread-safe.
  *
  * Errors: `KVFENCE_TIMED_OUT`, `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`,
  * `KVFENCE_INVALID_HANDLE`, `KVFENCE_UNKNOWN_ROOM`.
@@ -1066,9 +1071,10 @@ kvfence_status kvfence_wait_released(const struct kvfence_table *table,
                                      uint64_t timeout_ms);
 
 /**
- * Blocks until no room is owned or closing and every release has returned its pages
- * (shutdown: abort or finish every room, then wait here), for at most `timeout_ms`
- * (`KVFENCE_WAIT_FOREVER`: no deadline). Thread-safe.
+ * Blocks until no room is owned or closing, every release having been delivered or put in
+ * the release queue (shutdown: abort or finish every room, wait here, then
+ * `kvfence_drain_released`), for at most `timeout_ms` (`KVFENCE_WAIT_FOREVER`: no
+ * deadline). A room whose open is mid-way does not count. Thread-safe.
  *
  * Errors: `KVFENCE_TIMED_OUT`, `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`.
  *

@@ -379,6 +379,8 @@ enum Last {
 
 thread_local! {
     static LAST: Cell<Last> = const { Cell::new(Last::None) };
+    /// `kvfence_drain_released`'s buffer, reused by each thread's drains.
+    static SCRATCH: Cell<Vec<Released>> = const { Cell::new(Vec::new()) };
 }
 
 #[cfg(test)]
@@ -1166,7 +1168,8 @@ pub unsafe extern "C" fn kvfence_open_gate(
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`,
 /// `KVFENCE_WRONG_MODE`, `KVFENCE_ROOM_CLOSED` (closing), `KVFENCE_STALE_HANDLE`,
-/// `KVFENCE_INVALID_HANDLE`, `KVFENCE_UNKNOWN_ROOM`, `KVFENCE_POOL_EXHAUSTED`,
+/// `KVFENCE_INVALID_HANDLE`, `KVFENCE_UNKNOWN_ROOM`, `KVFENCE_TOO_MANY_PAGES` (more than the
+/// whole pool), `KVFENCE_POOL_EXHAUSTED`,
 /// `KVFENCE_TOO_MANY_TRANSFERS`. If the room was closed meanwhile and this call's hold was
 /// its last, its release goes to the release queue.
 ///
@@ -1621,8 +1624,9 @@ pub unsafe extern "C" fn kvfence_pop_released(
 }
 
 /// Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
-/// while `*n == cap`). Call it from the owner thread each loop; any thread may, and each
-/// release goes to exactly one caller. Lock-free when the overflow queue is empty.
+/// while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
+/// any thread may, and each release goes to exactly one caller. Lock-free when the overflow
+/// queue is empty; no allocation once the thread's scratch buffer has grown.
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
 ///
@@ -1646,13 +1650,17 @@ pub unsafe extern "C" fn kvfence_drain_released(
             unsafe { put(out.add(i), c_release(r)) };
             i += 1;
         });
-        while i < cap {
-            let Some(r) = t.inner.pop_released() else {
-                break;
-            };
-            // SAFETY: `i < cap`, valid for `cap` writes by contract.
-            unsafe { put(out.add(i), c_release(r)) };
-            i += 1;
+        if i < cap {
+            // One pass over the queue for up to `cap - i` releases, into this thread's
+            // scratch vector (kept between calls: no allocation once it has grown).
+            let mut scratch = SCRATCH.take();
+            t.inner.drain_released_max(&mut scratch, cap - i);
+            for r in scratch.drain(..) {
+                // SAFETY: drain_released_max delivered at most `cap - i`: `i < cap`.
+                unsafe { put(out.add(i), c_release(r)) };
+                i += 1;
+            }
+            SCRATCH.set(scratch);
         }
         // SAFETY: checked.
         unsafe { put(n, i) };
@@ -1748,10 +1756,13 @@ pub unsafe extern "C" fn kvfence_releases_free(
 // ---------------------------------------------------------------------------------------
 // Waiting and observing.
 
-/// Blocks until the handle's lifecycle is released and its pages are back (returns at once
-/// if they already are), for at most `timeout_ms` milliseconds (`KVFENCE_WAIT_FOREVER`: no
-/// deadline). Waiting changes nothing (time never releases a room). Parks the thread; no
-/// polling. Thread-safe.
+/// Blocks until the handle's lifecycle is released (returns at once if it already is), for
+/// at most `timeout_ms` milliseconds (`KVFENCE_WAIT_FOREVER`: no deadline). With direct
+/// delivery its pages and room index are then back; a release that went to the release
+/// queue (every release of a `release_queue` table) is delivered by the next
+/// `kvfence_drain_released`, which the waiting thread may call itself: wait, then drain.
+/// Waiting changes nothing (time never releases a room). Parks the thread; no polling.
+/// Thread-safe.
 ///
 /// Errors: `KVFENCE_TIMED_OUT`, `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`,
 /// `KVFENCE_INVALID_HANDLE`, `KVFENCE_UNKNOWN_ROOM`.
@@ -1783,9 +1794,10 @@ pub unsafe extern "C" fn kvfence_wait_released(
     })
 }
 
-/// Blocks until no room is owned or closing and every release has returned its pages
-/// (shutdown: abort or finish every room, then wait here), for at most `timeout_ms`
-/// (`KVFENCE_WAIT_FOREVER`: no deadline). Thread-safe.
+/// Blocks until no room is owned or closing, every release having been delivered or put in
+/// the release queue (shutdown: abort or finish every room, wait here, then
+/// `kvfence_drain_released`), for at most `timeout_ms` (`KVFENCE_WAIT_FOREVER`: no
+/// deadline). A room whose open is mid-way does not count. Thread-safe.
 ///
 /// Errors: `KVFENCE_TIMED_OUT`, `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`.
 ///

@@ -204,6 +204,8 @@ static void pool_mode(void) {
     OK(kvfence_grow(t, h, 2, more, 3));
     EXPECT(kvfence_grow(t, h, 2, more, 1), KVFENCE_BAD_LENGTH);
     EXPECT(kvfence_grow(t, h, 2, more, 3), KVFENCE_POOL_EXHAUSTED); /* 7 of 8 taken */
+    uint32_t lots[9];
+    EXPECT(kvfence_grow(t, h, 9, lots, 9), KVFENCE_TOO_MANY_PAGES); /* more than the pool */
     EXPECT(kvfence_grow_gate(t, h, more, 1), KVFENCE_WRONG_MODE);
     EXPECT(kvfence_open_gate(t, w, 1, 0, NULL, 0, &h2), KVFENCE_WRONG_MODE);
     uint32_t list[8];

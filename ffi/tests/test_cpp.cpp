@@ -122,7 +122,8 @@ static void pool_queue_quarantine_threads() {
     kvfence::Handle h = t.open(writers, 1, 4, pages).value();
     CHECK(pages.size() == 4);
     CHECK(t.grow(h, 2, pages).ok() && pages.size() == 6);
-    CHECK(t.grow(h, 100, pages).status() == KVFENCE_POOL_EXHAUSTED && pages.size() == 6);
+    CHECK(t.grow(h, 11, pages).status() == KVFENCE_POOL_EXHAUSTED && pages.size() == 6);
+    CHECK(t.grow(h, 17, pages).status() == KVFENCE_TOO_MANY_PAGES && pages.size() == 6);
     // An ACK thread and a waiter.
     CHECK(t.abort(h).ok());
     std::thread ack([&] { (void)t.quiesce(h, 2); });
