@@ -4,10 +4,12 @@
 #   fmt check, clippy (-D warnings), rustdoc (warnings denied), unit + integration +
 #   property + doc tests, the real-thread mutation checks, the loom model suite and its
 #   mutation checks, the simulator's checks, the Python package (built with maturin,
-#   installed in a venv, tested with pytest), and (when a nightly toolchain is present) a
-#   short fuzz smoke, Miri and TSan.
+#   installed in a venv, tested with pytest), the C ABI (ffi/ci.sh: C and C++ tests under
+#   ASan+UBSan, TSan and valgrind), and (when a nightly toolchain is present) a short fuzz
+#   smoke, Miri and TSan.
 #
-# Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri, TSan).
+# Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri, TSan, and
+# ffi/ci.sh's TSan run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
