@@ -76,8 +76,8 @@ need c++ g++ || { notice "no C++ compiler and g++ cannot be installed: the C ABI
 
 inc="-Iffi/include"
 libs="-lpthread -ldl -lm"
-cflags="-std=c11 -Wall -Wextra -Werror -g -O1"
-cxxflags="-Wall -Wextra -Werror -g -O1"
+cflags="-std=c11 -pedantic -Wall -Wextra -Werror -g -O1"
+cxxflags="-pedantic -Wall -Wextra -Werror -g -O1"
 lib=target/release/libkvfence.a
 
 # ---- 1. build ----
@@ -105,6 +105,16 @@ else
     tail -30 "$work/header.log"
 fi
 
+# The header alone, in the oldest dialects it promises (C99, C++11), warnings as errors.
+header_alone() {
+    printf '#include "kvfence.h"\nint main(void) { return kvfence_abi_version() == KVFENCE_ABI_VERSION ? 0 : 1; }\n' >"$work/h.c"
+    cp "$work/h.c" "$work/h.cpp"
+    cc -std=c99 -pedantic -Wall -Wextra -Werror $inc -c "$work/h.c" -o "$work/h99.o" &&
+        cc -std=c11 -pedantic -Wall -Wextra -Werror $inc -c "$work/h.c" -o "$work/h11.o" &&
+        c++ -std=c++11 -pedantic -Wall -Wextra -Werror $inc -c "$work/h.cpp" -o "$work/hcc.o"
+}
+run "header: kvfence.h compiles alone as C99, C11 and C++11 (-pedantic -Werror)" header_alone
+
 # ---- 3. coverage of the header by the tests ----
 coverage() {
     local missing=0
@@ -125,6 +135,26 @@ coverage() {
     return $missing
 }
 run "coverage: every header function called, every status asserted" coverage
+# Every function's comment in the header says how it behaves across threads, and every
+# function returning a status lists its errors.
+header_docs() {
+    python3 - <<'PY'
+import re, sys
+h = open("ffi/include/kvfence.h").read()
+bad, n = [], 0
+for m in re.finditer(r"/\*\*(.*?)\*/\s*\n([^;{]*?\b(kvfence_[a-z_]+)\()", h, re.S):
+    doc, decl, name = m.group(1), m.group(2), m.group(3)
+    n += 1
+    if "hread" not in doc:
+        bad.append(name + ": no thread-safety")
+    if "kvfence_status" in decl.split(name)[0] and "Errors" not in doc:
+        bad.append(name + ": no errors")
+print(n, "functions documented")
+print("\n".join(bad))
+sys.exit(1 if bad or n < 30 else 0)
+PY
+}
+run "header docs: every function states its thread-safety and its errors" header_docs
 
 # ---- 4. Rust unit tests of the boundary ----
 run "rust: cargo test -p kvfence-ffi (status per core error, panic caught)" \
