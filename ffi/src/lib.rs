@@ -438,10 +438,7 @@ fn status_of(e: Error) -> kvfence_status {
 /// Runs the body of an exported function: a panic becomes `KVFENCE_PANIC`.
 fn call(body: impl FnOnce() -> Result<(), Fail>) -> kvfence_status {
     let run = AssertUnwindSafe(|| {
-        #[cfg(test)]
-        if INJECT_PANIC.with(|p| p.replace(false)) {
-            panic!("injected test panic");
-        }
+        injected_panic();
         body()
     });
     match catch_unwind(run) {
@@ -460,7 +457,20 @@ fn call(body: impl FnOnce() -> Result<(), Fail>) -> kvfence_status {
 
 /// Runs the body of an exported function that returns a value: `fallback` on a panic.
 fn call_value<T>(fallback: T, body: impl FnOnce() -> T) -> T {
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
+    catch_unwind(AssertUnwindSafe(|| {
+        injected_panic();
+        body()
+    }))
+    .unwrap_or(fallback)
+}
+
+/// Test-only: panics inside the boundary if the test armed `INJECT_PANIC` (one shot).
+#[inline(always)]
+fn injected_panic() {
+    #[cfg(test)]
+    if INJECT_PANIC.with(|p| p.replace(false)) {
+        panic!("injected test panic");
+    }
 }
 
 /// Checks a pointer that will be dereferenced.
@@ -759,10 +769,13 @@ pub extern "C" fn kvfence_status_str(status: u32) -> *const c_char {
             "internal error: unknown kvfence error\0",
         ),
     ];
-    let text = TEXTS
-        .iter()
-        .find(|(s, _)| *s == status)
-        .map_or("unknown kvfence status\0", |(_, t)| t);
+    const UNKNOWN: &str = "unknown kvfence status\0";
+    let text = call_value(UNKNOWN, || {
+        TEXTS
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(UNKNOWN, |(_, t)| t)
+    });
     text.as_ptr().cast()
 }
 
@@ -770,14 +783,15 @@ pub extern "C" fn kvfence_status_str(status: u32) -> *const c_char {
 /// never to be freed). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kvfence_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+    call_value(VERSION, || VERSION).as_ptr().cast()
 }
 
 /// The ABI version this library implements (`KVFENCE_ABI_VERSION` of its header): compare
 /// with the header's at start-up to catch a mismatched library. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kvfence_abi_version() -> u32 {
-    KVFENCE_ABI_VERSION
+    call_value(KVFENCE_ABI_VERSION, || KVFENCE_ABI_VERSION)
 }
 
 /// Copies a message describing the last failing call on the calling thread (with its
@@ -796,13 +810,14 @@ pub unsafe extern "C" fn kvfence_last_error(
     cap: usize,
     len: *mut usize,
 ) -> kvfence_status {
-    // Read the message before `call` (whose own refusals would overwrite it).
-    let msg = match LAST.with(Cell::get) {
-        Last::None => String::from("no error"),
-        Last::Core(e) => e.to_string(),
-        Last::Boundary(why) => why.to_string(),
-    };
+    // Read the last error before `call` (whose own refusals would overwrite it).
+    let last = LAST.with(Cell::get);
     call(|| {
+        let msg = match last {
+            Last::None => String::from("no error"),
+            Last::Core(e) => e.to_string(),
+            Last::Boundary(why) => why.to_string(),
+        };
         check_slice(buf, cap)?;
         if !len.is_null() {
             check(len)?;
@@ -901,7 +916,7 @@ pub extern "C" fn kvfence_handle_generation(handle: kvfence_handle) -> u32 {
 /// Whether two handles are the same (all 16 bytes). Thread-safe; never fails.
 #[no_mangle]
 pub extern "C" fn kvfence_handle_eq(a: kvfence_handle, b: kvfence_handle) -> bool {
-    a == b
+    call_value(false, || a == b)
 }
 
 // ---------------------------------------------------------------------------------------
