@@ -492,9 +492,11 @@ impl RoomTable {
     /// # Errors
     /// [`Error::WrongMode`] (gate mode: [`grow_gate`](Self::grow_gate)),
     /// [`Error::RoomClosed`] once the room is closing, [`Error::StaleHandle`],
-    /// [`Error::PoolExhausted`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`] (the
-    /// room's hold counter is full). If the room was closed while it grew and this call's
-    /// hold was its last, the release goes to the release queue.
+    /// [`Error::TooManyPages`] (more than the whole pool, as [`open`](Self::open): refused
+    /// before anything is claimed), [`Error::PoolExhausted`], [`Error::InvalidHandle`],
+    /// [`Error::TooManyTransfers`] (the room's hold counter is full). If the room was closed
+    /// while it grew and this call's hold was its last, the release goes to the release
+    /// queue.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
@@ -510,6 +512,14 @@ impl RoomTable {
         let Some(pool) = &self.pages_free else {
             return Err(Error::WrongMode { table: "gate" });
         };
+        // Before any claim: `claim_many` would take every free page before it found out,
+        // and every other caller would see an empty pool meanwhile.
+        if pages > pool.len() {
+            return Err(Error::TooManyPages {
+                requested: pages,
+                capacity: pool.len(),
+            });
+        }
         let mut added = Vec::new();
         self.grow_room(handle, |list| {
             let before = list.len();

@@ -675,6 +675,13 @@ impl Model {
             if self.gate {
                 return Err(Error::WrongMode { table: "gate" });
             }
+            // More than the whole pool: refused first, as `open` (nothing is claimed).
+            if n > self.capacity() {
+                return Err(Error::TooManyPages {
+                    requested: n,
+                    capacity: self.capacity(),
+                });
+            }
             let index = self.hold(h)?;
             if self.free_pages.len() < n {
                 return Err(Error::PoolExhausted { requested: n });
