@@ -675,6 +675,10 @@ impl Drop for PyTransfer {
 /// ``max_fenced``: ranks that can be fenced at once. ``max_tokens``: transfers in flight
 /// at once (default ``4 * rooms``, at most ``MAX_ROOMS``).
 ///
+/// Arguments: every id (rank, page id, ``token``, handle) and count is an int (or has
+/// ``__index__``) but never a bool, and every sequence of ids is an iterable but never a
+/// str, bytes or bytearray: those raise ``TypeError`` and change nothing.
+///
 /// All methods are safe to call from any thread; blocking ones release the GIL.
 #[pyclass(frozen, module = "kvfence._kvfence", name = "RoomTable")]
 struct PyRoomTable {
@@ -875,8 +879,9 @@ impl PyRoomTable {
     /// Adds pages to an owned room. Pool mode: ``pages`` is a count; returns the new page
     /// ids. Gate mode: ``pages`` is the engine's page ids; returns ``None``.
     ///
-    /// Raises ``RoomClosed`` once the room is closing, ``PoolExhausted``,
-    /// ``StaleHandle``, ``InvalidHandle``.
+    /// Raises ``RoomClosed`` once the room is closing, ``TooManyPages`` (pool mode: more
+    /// than the whole pool, refused before anything is claimed, as by ``open``),
+    /// ``PoolExhausted``, ``StaleHandle``, ``InvalidHandle``.
     fn grow(
         &self,
         py: Python<'_>,
