@@ -423,20 +423,22 @@ impl Inner {
     /// The `Released` objects of `taken`, in a new list; all or nothing: if an allocation
     /// fails, `taken` is untouched (the caller puts it back).
     ///
-    /// Every fallible step (the list, each object) comes first, while the objects are still
-    /// empty shells and `taken` still owns every release; then each release's pages move
-    /// into its object, which cannot fail.
+    /// Every fallible step (each object, then the list) comes first, while the objects are
+    /// still empty shells and `taken` still owns every release; then each release's pages
+    /// move into its object, which cannot fail.
     fn to_list<'py>(py: Python<'py>, taken: &mut Vec<Released>) -> PyResult<Bound<'py, PyList>> {
         let len = ffi::Py_ssize_t::try_from(taken.len())
             .map_err(|_| PyOverflowError::new_err("too many releases for one list"))?;
-        // SAFETY: we are attached; `PyList_New` returns a new reference or null with an
-        // exception set, which `from_owned_ptr_or_err` turns into `Err`. (Not
-        // `PyList::new`, which panics when the list cannot be allocated.)
-        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))? };
         let mut shells = Vec::with_capacity(taken.len());
         for r in taken.iter() {
             shells.push(Bound::new(py, PyReleased::shell(r))?);
         }
+        // The list last: from here nothing allocates in Python (no garbage collection can
+        // run), so no Python code ever sees its slots before they are filled.
+        // SAFETY: we are attached; `PyList_New` returns a new reference or null with an
+        // exception set, which `from_owned_ptr_or_err` turns into `Err`. (Not
+        // `PyList::new`, which panics when the list cannot be allocated.)
+        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))? };
         // Nothing below can fail: the releases move into their objects, the objects into
         // the list's slots.
         for (i, (shell, r)) in shells.into_iter().zip(taken.drain(..)).enumerate() {
