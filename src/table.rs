@@ -529,14 +529,6 @@ impl RoomTable {
         let Some(pool) = &self.pages_free else {
             return Err(Error::WrongMode { table: "gate" });
         };
-        // Before any claim: `claim_many` would take every free page before it found out,
-        // and every other caller would see an empty pool meanwhile.
-        if pages > pool.len() {
-            return Err(Error::TooManyPages {
-                requested: pages,
-                capacity: pool.len(),
-            });
-        }
         let mut added = Vec::new();
         self.grow_room(handle, |list| {
             // As `open`: a request larger than the pool is refused before anything is

@@ -675,13 +675,6 @@ impl Model {
             if self.gate {
                 return Err(Error::WrongMode { table: "gate" });
             }
-            // More than the whole pool: refused first, as `open` (nothing is claimed).
-            if n > self.capacity() {
-                return Err(Error::TooManyPages {
-                    requested: n,
-                    capacity: self.capacity(),
-                });
-            }
             let index = self.hold(h)?;
             // More than the pool holds: refused before anything is claimed (issue 18).
             if n > self.capacity() {
