@@ -403,13 +403,12 @@ impl Inner {
         }
     }
 
-    /// Every release waiting for Python: the binding's own, then the table's queue.
+    /// Every release waiting for Python: the binding's own, then the table's queue (one
+    /// pass over it).
     fn take_all(&self) -> Vec<Released> {
         let mut taken = std::mem::take(&mut *lock(&self.direct));
         taken.reserve(self.table.queued_releases());
-        while let Some(r) = self.table.pop_released() {
-            taken.push(r);
-        }
+        self.table.drain_released(&mut taken);
         taken
     }
 
@@ -669,8 +668,8 @@ impl Drop for PyTransfer {
 /// room index (and pool pages) back to the table:
 ///
 /// * ``True`` (default): at ``drain_released()``: the core's lock-free release queue. A room
-///   is not reusable until its release is drained, and ``wait_released``/``wait_idle``
-///   wait for the drain.
+///   is not reusable until its release is drained; ``wait_released``/``wait_idle`` end
+///   once it is queued (then drain it: wait, then drain, on one thread).
 /// * ``False``: at once, by the call that performed the release (the core's direct
 ///   delivery); the binding keeps the ``Released`` for the next ``drain_released()``.
 ///
@@ -1114,10 +1113,11 @@ impl PyRoomTable {
         status_dict(py, &status)
     }
 
-    /// Blocks (GIL released) until the handle's lifecycle is released and its room index
-    /// and pool pages are back, or ``timeout`` seconds pass. Returns whether it was
-    /// released. With ``release_queue=True`` that needs the release to have been drained.
-    /// Waiting never changes the table (time never releases a room).
+    /// Blocks (GIL released) until the handle's lifecycle is released, or ``timeout``
+    /// seconds pass. Returns whether it was released. With ``release_queue=False`` its room
+    /// index and pool pages are then back; with ``release_queue=True`` the release is in
+    /// the queue, and the next ``drain_released()`` (the waiter's own, typically) delivers
+    /// it and hands them back. Waiting never changes the table (time never releases a room).
     #[pyo3(signature = (h, timeout=None))]
     fn wait_released(
         &self,
@@ -1131,9 +1131,9 @@ impl PyRoomTable {
         wait_loop(py, timeout, |slice| table.wait_released_timeout(h, slice))
     }
 
-    /// Blocks (GIL released) until no room is owned or closing and every release has
-    /// handed its room back (shutdown drain), or ``timeout`` seconds pass. Returns whether
-    /// the table is idle. With ``release_queue=True``, releases must be drained for that.
+    /// Blocks (GIL released) until no room is owned or closing, every release delivered or
+    /// queued (shutdown drain: then ``drain_released()``), or ``timeout`` seconds pass.
+    /// Returns whether the table is idle.
     #[pyo3(signature = (timeout=None))]
     fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_arg(timeout)?;
