@@ -901,19 +901,8 @@ impl PyRoomTable {
                     "pool mode: pages is a page count (int); kvfence picks the ids",
                 ));
             }
+            // A count larger than the pool: the core refuses it before claiming anything.
             let n = count(pages, "pages")?;
-            // As `open`: a count larger than the pool is refused before anything is claimed
-            // (the core's `grow` would claim every free page before it found out).
-            let capacity = table.config().pages.unwrap_or(0);
-            if n > capacity {
-                return Err(to_py(
-                    py,
-                    Error::TooManyPages {
-                        requested: n,
-                        capacity,
-                    },
-                ));
-            }
             Ok(Some(table.grow(h, n).py(py)?))
         }
     }
