@@ -509,9 +509,11 @@ impl RoomTable {
     /// # Errors
     /// [`Error::WrongMode`] (gate mode: [`grow_gate`](Self::grow_gate)),
     /// [`Error::RoomClosed`] once the room is closing, [`Error::StaleHandle`],
-    /// [`Error::PoolExhausted`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`] (the
-    /// room's hold counter is full). If the room was closed while it grew and this call's
-    /// hold was its last, the release goes to the release queue.
+    /// [`Error::TooManyPages`] (more than the whole pool, as [`open`](Self::open): refused
+    /// before anything is claimed), [`Error::PoolExhausted`], [`Error::InvalidHandle`],
+    /// [`Error::TooManyTransfers`] (the room's hold counter is full). If the room was closed
+    /// while it grew and this call's hold was its last, the release goes to the release
+    /// queue.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
