@@ -52,6 +52,8 @@ or config.";
     after_help = EXIT_STATUS,
     after_long_help = EXAMPLES,
     max_term_width = 100,
+    // A flag given twice: the last one wins, as scripts that append overrides expect.
+    args_override_self = true,
     args_conflicts_with_subcommands = true,
     disable_help_subcommand = true
 )]
@@ -68,18 +70,18 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Sub {
     /// Simulation, all rules side by side (the default command).
-    #[command(after_help = EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS, args_override_self = true)]
     Run(RunArgs),
     /// Forces the docs/DESIGN.md section-1 race with barriers (deterministic).
-    #[command(after_help = EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS, args_override_self = true)]
     Repro(ReproArgs),
     /// Throughput per rule, interleaved rounds; without --faults: aborts and faults off,
     /// zero delays, rules naive,acks-only,kvfence.
-    #[command(after_help = EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS, args_override_self = true)]
     Bench(BenchArgs),
     /// kvfence only, full fault mix, N requests (--requests, default 10000000); fails unless 0 corrupted and
     /// exact page conservation.
-    #[command(after_help = EXIT_STATUS)]
+    #[command(after_help = EXIT_STATUS, args_override_self = true)]
     Soak(SoakArgs),
 }
 
@@ -128,7 +130,14 @@ pub struct SimArgs {
     /// Each is run in turn on the same settings (bench: interleaved). "Trusts the detector":
     /// a dead rank's rooms are freed when the failure detector fires and a failed transfer's
     /// room at once, without teardown proof (what SGLang does).
-    #[arg(long, value_enum, value_delimiter = ',', value_name = "RULES", help_heading = WORKLOAD)]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        action = clap::ArgAction::Set,
+        value_name = "RULES",
+        help_heading = WORKLOAD
+    )]
     pub rules: Option<Vec<RuleKind>>,
     /// Seconds of request arrivals per rule; the drain afterwards is extra [default: 7;
     /// bench: 2].
@@ -622,6 +631,24 @@ mod tests {
             let v = r.to_possible_value().expect("every rule is a value");
             assert_eq!(v.get_name(), r.name());
         }
+    }
+
+    #[test]
+    fn a_flag_given_twice_takes_the_last_value() {
+        assert_eq!(cfg_of("--seconds 1 --seconds 2").seconds, 2.0);
+        assert_eq!(cfg_of("soak --pages 100 --pages 200").pages, 200);
+        assert_eq!(
+            cfg_of("--rules naive --rules kvfence").rules,
+            vec![RuleKind::Kvfence]
+        );
+        assert!(matches!(
+            ok("bench --rounds 1 --rounds 2"),
+            Command::Bench { rounds: 2, .. }
+        ));
+        assert!(matches!(
+            ok("repro --runs 1 --runs 2"),
+            Command::Repro { runs: 2, .. }
+        ));
     }
 
     #[test]
