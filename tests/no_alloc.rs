@@ -175,7 +175,10 @@ fn many_failures_of_one_room_do_not_allocate() {
             assert!(g.fail().is_none());
         }
     });
-    assert_eq!(n, 0, "failing 128 transfers of one room allocated {n} times");
+    assert_eq!(
+        n, 0,
+        "failing 128 transfers of one room allocated {n} times"
+    );
     assert_eq!(table.room_status(h).unwrap().failed, 128);
     let _ = table.abort(h).unwrap();
     let fenced = table.fence_rank(3).unwrap();

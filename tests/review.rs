@@ -58,8 +58,13 @@ fn status_never_reports_a_transfer_that_never_existed() {
     }
     stop.store(true, Ordering::Relaxed);
     let n = lifecycles.join().unwrap();
-    println!("status race: {reads} reads over {n} lifecycles, {after_ack} after the ACK, {wrong} wrong");
-    assert_eq!(wrong, 0, "room_status reported transfers on a room that never began one");
+    println!(
+        "status race: {reads} reads over {n} lifecycles, {after_ack} after the ACK, {wrong} wrong"
+    );
+    assert_eq!(
+        wrong, 0,
+        "room_status reported transfers on a room that never began one"
+    );
     assert!(after_ack > 0, "the window was never reached");
 }
 
@@ -129,12 +134,19 @@ fn a_quarantined_room_counts_its_closing_time() {
     let h = table.open_gate(&[3], 1, vec![1, 2]).unwrap();
     // A transfer still in flight holds it past the quarantine.
     let t = table.begin_transfer_to(h, 3).unwrap();
-    assert!(table.quarantine(h).unwrap().is_none(), "the transfer holds it");
+    assert!(
+        table.quarantine(h).unwrap().is_none(),
+        "the transfer holds it"
+    );
     std::thread::sleep(Duration::from_millis(30));
     let s = table.room_status(h).unwrap();
     assert!(s.quarantined);
     assert_eq!(s.phase, Phase::Aborting);
-    assert!(s.closing_for >= Duration::from_millis(30), "{:?}", s.closing_for);
+    assert!(
+        s.closing_for >= Duration::from_millis(30),
+        "{:?}",
+        s.closing_for
+    );
     let stats = table.stats();
     assert!(stats.closing[0].closing_for >= Duration::from_millis(30));
     // A room aborted first keeps its abort time through a later quarantine.
@@ -301,7 +313,10 @@ fn concurrent_one_pass_drains_deliver_each_release_once() {
         assert!(t.complete().is_none());
     }
     stop.store(true, Ordering::Relaxed);
-    let mut all: Vec<u64> = drainers.into_iter().flat_map(|d| d.join().unwrap()).collect();
+    let mut all: Vec<u64> = drainers
+        .into_iter()
+        .flat_map(|d| d.join().unwrap())
+        .collect();
     all.sort_unstable();
     assert_eq!(all, (0..total).collect::<Vec<_>>());
     assert_eq!(delivered.load(Ordering::Relaxed), total);
