@@ -190,3 +190,15 @@ impl core::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// Builds a boxed slice of `n` values without aborting the process when memory runs out.
+pub(crate) fn try_boxed<T>(n: usize, mut f: impl FnMut(usize) -> T) -> Result<Box<[T]>, Error> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Error::OutOfMemory {
+            bytes: n.saturating_mul(core::mem::size_of::<T>()),
+        });
+    }
+    v.extend((0..n).map(&mut f));
+    Ok(v.into_boxed_slice())
+}
