@@ -99,7 +99,7 @@ pub enum Error {
     /// [`Config::max_tokens`](crate::Config::max_tokens) token-form transfers are in
     /// flight.
     TooManyTokens,
-    /// `open` asked for more pages than the whole pool has.
+    /// `open` or `grow` asked for more pages than the whole pool has.
     TooManyPages {
         /// Pages asked for.
         requested: usize,
@@ -113,7 +113,8 @@ pub enum Error {
         /// Pages asked for.
         requested: usize,
     },
-    /// The room already carries the maximum number of concurrent transfers (2^30 - 1 holds).
+    /// The room already carries the maximum number of concurrent transfers (2^25 - 1, in
+    /// flight or failed).
     TooManyTransfers,
     /// The table's memory could not be allocated (nothing was allocated; the process goes
     /// on).

@@ -23,7 +23,7 @@ impl Parking {
     }
 
     /// Wakes this room's waiters, if it has any. Called by a releaser after it advanced
-    /// `released_below`.
+    /// `released_below`, or after it queued the release.
     #[inline]
     pub(crate) fn notify(&self) {
         fence(Ordering::SeqCst);

@@ -1,4 +1,5 @@
-//! The release: deciding it, delivering it exactly once, the release queue, quarantine.
+//! The release: deciding it, delivering it exactly once, the release queue's drain
+//! (quarantine is in `quarantine.rs`).
 //!
 //! # Implementation details
 //!

@@ -232,10 +232,9 @@ impl RoomTable {
     /// [`Error::WrongMode`] (gate mode: [`grow_gate`](Self::grow_gate)),
     /// [`Error::RoomClosed`] once the room is closing, [`Error::StaleHandle`],
     /// [`Error::TooManyPages`] (more than the whole pool, as [`open`](Self::open): refused
-    /// before anything is claimed), [`Error::PoolExhausted`], [`Error::InvalidHandle`],
-    /// [`Error::TooManyTransfers`] (the room's hold counter is full). If the room was closed
-    /// while it grew and this call's hold was its last, the release goes to the release
-    /// queue.
+    /// before anything is claimed), [`Error::PoolExhausted`], [`Error::InvalidHandle`]. If
+    /// the room was closed while it grew and this call's hold was its last, the release goes
+    /// to the release queue.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
@@ -336,8 +335,8 @@ impl RoomTable {
     ///
     /// # Errors
     /// [`Error::RoomClosed`] once the room is closing (its pages are then the release's),
-    /// [`Error::StaleHandle`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`]. Like
-    /// `grow`, it holds the room while it copies: a release it ends up performing (the room
+    /// [`Error::StaleHandle`], [`Error::InvalidHandle`]. Like `grow`, it holds the room
+    /// (its grow hold) while it copies: a release it ends up performing (the room
     /// was closed meanwhile) goes to the release queue.
     pub fn pages_of(&self, handle: RoomHandle) -> Result<Vec<u32>, Error> {
         let mut copy = Vec::new();
