@@ -570,10 +570,11 @@ const NO_RELEASE: kvfence_release = kvfence_release {
 
 /// Hands a release's page list to C (no copy: the Vec's buffer itself).
 fn c_release(r: Released) -> kvfence_release {
-    let mut pages = core::mem::ManuallyDrop::new(r.pages);
-    let (ptr, len, cap) = if pages.capacity() == 0 {
+    let (ptr, len, cap) = if r.pages.is_empty() {
+        drop(r.pages); // an empty list is handed out as NULL (its buffer, if any, freed)
         (ptr::null_mut(), 0, 0)
     } else {
+        let mut pages = core::mem::ManuallyDrop::new(r.pages);
         (pages.as_mut_ptr(), pages.len(), pages.capacity())
     };
     kvfence_release {
