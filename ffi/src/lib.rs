@@ -1039,9 +1039,10 @@ pub unsafe extern "C" fn kvfence_table_new(
     })
 }
 
-/// Frees a table and everything it still holds (rooms not released are simply dropped:
-/// free tables only once every transfer on them has ended). NULL is a no-op. Not
-/// thread-safe with respect to the same table: it must be the table's last use.
+/// Frees a table and everything it still holds (rooms not released and releases not yet
+/// drained are simply dropped: free a table only once every transfer on it has ended and
+/// its releases were drained). NULL (and a misaligned pointer, which no table has) is a
+/// no-op. Not thread-safe with respect to the same table: it must be the table's last use.
 ///
 /// # Safety
 /// `table` NULL or returned by `kvfence_table_new` and not freed yet.
