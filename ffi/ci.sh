@@ -9,7 +9,8 @@
 #   5. the C API test, the threaded C test, the C++ wrapper test (C++17 and C++20), a
 #      -fno-exceptions build of the wrapper, the benchmark programs (smoke run)
 #   6. mutations the threaded test must catch (writes after a refused begin, pages reused
-#      at abort, a lost release)
+#      at abort, a lost release); with KVFENCE_FFI_MUTATIONS=1 also two mutations of the
+#      library itself (a dropped overflow release, no null check) that test_api must catch
 #   7. AddressSanitizer + UndefinedBehaviorSanitizer (C side instrumented; LeakSanitizer
 #      also checks that every release's page array was freed): all tests + a leak mutation
 #   8. ThreadSanitizer, with libkvfence.a itself built by nightly Rust with
@@ -197,6 +198,23 @@ for m in MUTATION_IGNORE_REFUSAL MUTATION_REUSE_ON_ABORT MUTATION_LOSE_RELEASE; 
         cat "$work/mut_build.log"
     fi
 done
+
+# ---- 6b. (optional) mutations of the library that test_api must catch ----
+# KVFENCE_FFI_MUTATIONS=1: each mutation rebuilds the core and the boundary with its
+# --cfg (about 2 minutes each on 2 cores the first time; target directories are cached).
+if [ "${KVFENCE_FFI_MUTATIONS:-0}" = 1 ]; then
+    for m in kvfence_ffi_drop_overflow kvfence_ffi_no_null_check; do
+        mdir="${KVFENCE_CACHE:-$HOME/.cache/kvfence}/ffi-mutation-$m"
+        if RUSTFLAGS="--cfg $m" CARGO_TARGET_DIR="$mdir" cargo build --release -p kvfence-ffi --lib \
+            >"$work/mut_lib.log" 2>&1 &&
+            cc $cflags $inc ffi/tests/test_api.c "$mdir/release/libkvfence.a" $libs -o "$work/mut_$m"; then
+            expect_fail "library mutation --cfg $m caught by test_api" "$work/mut_$m"
+        else
+            fail "library mutation $m: does not build"
+            tail -20 "$work/mut_lib.log"
+        fi
+    done
+fi
 
 # ---- 7. ASan + UBSan ----
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"

@@ -475,7 +475,8 @@ fn injected_panic() {
 
 /// Checks a pointer that will be dereferenced.
 fn check<T>(p: *const T) -> Result<(), Fail> {
-    if p.is_null() {
+    // MUTATION (test-only, `--cfg kvfence_ffi_no_null_check`): NULL goes through.
+    if p.is_null() && !cfg!(kvfence_ffi_no_null_check) {
         return Err(refuse(KVFENCE_NULL_POINTER, "a required pointer is null"));
     }
     if (p as usize) % align_of::<T>() != 0 {
@@ -636,6 +637,10 @@ fn timeout_of(ms: u64) -> Option<Duration> {
 impl kvfence_table {
     /// Keeps a release no caller can take; `kvfence_drain_released` hands it out.
     fn overflow(&self, r: Released) {
+        if cfg!(kvfence_ffi_drop_overflow) {
+            // MUTATION (test-only): the release nobody could take is dropped, lost.
+            return;
+        }
         let mut q = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
         q.push(r);
         self.overflow_len.store(q.len(), Ordering::Release);
