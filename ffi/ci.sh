@@ -311,6 +311,19 @@ if need cmake cmake; then
         cmake -S ffi/tests/consumer -B $work/cmake -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_BUILD_TYPE=Release &&
         cmake --build $work/cmake -j2 && $work/cmake/decode_shared && $work/cmake/decode_static &&
         $work/cmake/cpp_consumer"
+    # The version file: 0.1 is found, 0.2 and 1.0 are refused (0.x: same minor).
+    cmake_version() {
+        local v want got d
+        for v in "0.1:1" "0.1.0:1" "0.2:0" "1.0:0"; do
+            want=${v#*:}
+            d="$work/cmake-v-${v%%:*}"
+            mkdir -p "$d"
+            printf 'cmake_minimum_required(VERSION 3.16)\nproject(v C)\nfind_package(kvfence %s QUIET)\nmessage(STATUS "found=${kvfence_FOUND}")\n' "${v%%:*}" >"$d/CMakeLists.txt"
+            got=$(cmake -S "$d" -B "$d/b" -DCMAKE_PREFIX_PATH="$prefix" 2>&1 | sed -n 's/.*found=//p')
+            [ "${got:-0}" = "$want" ] || { echo "find_package(kvfence ${v%%:*}): found=$got, want $want"; return 1; }
+        done
+    }
+    run "cmake: kvfenceConfigVersion accepts 0.1, refuses 0.2 and 1.0" cmake_version
 else
     notice "cmake cannot be installed: the CMake consumer SKIPPED"
 fi
