@@ -6,6 +6,7 @@
  * holds on one room), KVFENCE_PANIC (the core has no panicking path; the Rust test injects
  * one) and KVFENCE_INTERNAL_ERROR (a core error newer than the ABI). */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -13,6 +14,14 @@
 #include <unistd.h>
 
 #include "check.h"
+
+/* The value types' layout is part of the ABI (16-byte handles and tokens on the wire). */
+_Static_assert(sizeof(kvfence_handle) == 16, "kvfence_handle is 16 bytes");
+_Static_assert(sizeof(kvfence_token) == 16, "kvfence_token is 16 bytes");
+_Static_assert(sizeof(kvfence_status) == 4, "kvfence_status is a uint32_t");
+_Static_assert(sizeof(kvfence_config) == 40, "kvfence_config version 1 is 40 bytes");
+_Static_assert(offsetof(kvfence_config, struct_size) == 0, "struct_size comes first");
+_Static_assert(offsetof(kvfence_stats, struct_size) == 0, "struct_size comes first");
 
 static kvfence_table *make(kvfence_config c) {
     kvfence_table *t = NULL;
