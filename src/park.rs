@@ -1,8 +1,7 @@
 //! Per-room parking: a waiter count, a lock and a condition variable (the lost-wake-up
 //! argument is in `wait.rs`, which waits on it).
 
-use crate::state::lock;
-use crate::sync::{cond_wait, fence, AtomicU32, Condvar, Mutex, Ordering};
+use crate::sync::{cond_wait, fence, lock, AtomicU32, Condvar, Mutex, Ordering};
 use std::time::Instant;
 
 /// One room's waiters.

@@ -199,8 +199,10 @@ impl RoomTable {
         let pages = slot.pages.with_mut(|list| {
             // SAFETY: the release of lifecycle `gen` was decided (by an RMW that
             // happens-after every writer and grower of the list) and is delivered once:
-            // directly by the winner, or by the one drainer whose `fetch_and` took the
-            // room's queue bit (which happens-after the winner's `fetch_or`). The index is
+            // directly by the winner, or by the one drainer whose RMW took the room's queue
+            // bit (`fetch_and` of a pop, `swap` of a drain, both `Acquire`: they
+            // happen-after the winner's `fetch_or`; a bit a bounded drain puts back is
+            // taken again by such an RMW). The index is
             // still claimed, so no opener touches the list until we free it below.
             core::mem::take(unsafe { &mut *list })
         });
@@ -281,16 +283,6 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn drain_released(&self, out: &mut Vec<Released>) -> usize {
-        if cfg!(kvfence_drain_rescans) {
-            // MUTATION (test-only, for the benchmark's before/after): the pre-issue-18
-            // drain, one `pop_released` (a scan from word 0) per release.
-            let mut n = 0;
-            while let Some(released) = self.pop_released() {
-                out.push(released);
-                n += 1;
-            }
-            return n;
-        }
         self.drain_released_max(out, usize::MAX)
     }
 

@@ -33,7 +33,8 @@ use crate::handle::{HandleKey, RoomHandle};
 use crate::park::Parking;
 use crate::queue::PendingSet;
 use crate::room_word::RoomWord;
-use crate::sync::{AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Padded, UnsafeCell};
+pub(crate) use crate::sync::lock;
+use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering, Padded, UnsafeCell};
 use crate::writers::Writers;
 use std::time::Instant;
 
@@ -290,14 +291,6 @@ impl RoomTable {
             .closed_ms
             .store(self.now_ms().saturating_add(1), Ordering::Release);
     }
-}
-
-/// Locks a mutex whose data a panic cannot leave inconsistent (a `push`, a `retain`, or no
-/// data at all), so poisoning is ignored.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(all(test, not(loom)))]
