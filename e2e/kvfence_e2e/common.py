@@ -138,11 +138,12 @@ def _addr(hexaddr):
     return ip, int(port, 16)
 
 
-def netns_tcp_sockets():
-    """Every TCP socket of this network namespace: dicts with laddr, lport, raddr, rport,
-    state (hex: '01' established, '08' CLOSE_WAIT, '0A' listen), rxq (bytes queued for
-    the reader), txq."""
+def netns_tcp_sockets(lports=None):
+    """The TCP sockets of this network namespace (those on one of lports, if given):
+    dicts with laddr, lport, raddr, rport, state (hex: '01' established, '08' CLOSE_WAIT,
+    '0A' listen), rxq (bytes queued for the reader), txq."""
     out = []
+    keys = None if lports is None else tuple(":%04X " % p for p in lports)
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(path) as f:
@@ -150,6 +151,8 @@ def netns_tcp_sockets():
         except OSError:
             continue
         for ln in lines:
+            if keys is not None and not any(k in ln[:60] for k in keys):
+                continue  # (cheap pre-filter on the local address field)
             p = ln.split()
             if len(p) < 5:
                 continue

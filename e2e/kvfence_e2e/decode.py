@@ -507,6 +507,7 @@ class Decode:
         out["abort_to_release_ms_p99"] = pct(0.99)
         if self.hosts:
             out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
+            out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
         out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0
         return out
 

@@ -50,6 +50,7 @@ class DecodeNet:
 
     def __init__(self, decode):
         self.d = decode
+        self.parts = []  # per teardown: (filter, drain, abort+proof) ms
         sh("nft", "delete", "table", "inet", NFT_TABLE, check=False)  # a previous rule's
         sh("nft", "-f", "-", check=False)
         rules = """
@@ -77,9 +78,10 @@ table inet %s {
         # 1. filter
         elems = ", ".join("%s . %d" % (peer, p) for p in ports)
         sh("nft", "add", "element", "inet", NFT_TABLE, "fenced", "{ %s }" % elems)
+        t1 = time.monotonic()
 
         def mine():
-            return [s for s in netns_tcp_sockets()
+            return [s for s in netns_tcp_sockets(rec["ports"])
                     if s["lport"] in rec["ports"] and s["raddr"] == peer and s["state"] != "0A"]
 
         # 2. drain: what is already queued is still copied into our memory; wait for it
@@ -96,6 +98,7 @@ table inet %s {
                 raise RuntimeError("teardown: receive queues to %s never drained" % peer)
         if waited:
             self.d.m["fence_waits_with_unread_data"] += 1
+        t2 = time.monotonic()
         # 3. abort (never the listening sockets: "state connected")
         expr = " or ".join("sport = :%d" % p for p in ports)
         # (by port only: these ports serve this incarnation alone; the data port is an
@@ -106,7 +109,10 @@ table inet %s {
         if left:
             raise RuntimeError("teardown: sockets to %s remain after ss -K: %s" % (peer, left))
         rec["fenced"] = True
-        return (time.monotonic() - t0) * 1000.0
+        t3 = time.monotonic()
+        self.parts.append((round((t1 - t0) * 1000, 2), round((t2 - t1) * 1000, 2),
+                           round((t3 - t2) * 1000, 2)))
+        return (t3 - t0) * 1000.0
 
     # ---- faults (run from here, in the other namespaces by name) ----
     def link(self, inst, up):

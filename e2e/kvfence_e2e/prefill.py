@@ -246,9 +246,9 @@ class Rank:
                     x.fail()  # outcome unknown: the source room stays held
             except self.kvfence.Error:
                 return  # its room was fenced by a RESET meanwhile: nothing to report
-                if not st.failed:
-                    st.failed = True
-                    self.send("FAIL", st.req, st.h)
+            if not ok and not st.failed:
+                st.failed = True
+                self.send("FAIL", st.req, st.h)
             with st.lock:
                 st.done += ok
                 last = st.done == len(st.chunks)
