@@ -91,6 +91,7 @@ class Decode:
                   "fence_waits_with_unread_data": 0, "transport_resets": 0,
                   "declared_dead": 0, "fenced_host_landings_after_heal": 0}
         self.teardowns = []  # hosts mode: ms from "declare dead" to "proven torn down"
+        self.teardown_errors = []
         self.landed = set()
         self.lat = []
         self.acked = set()
@@ -300,7 +301,8 @@ class Decode:
             if self.watch is not None:
                 self.scan_landings()
         if self.table is not None:
-            self.try_fence()
+            if not self.hosts:
+                self.try_fence()
             for r in self.table.drain_released():  # every release, exactly once
                 rec = self.recs.get(r.token)
                 if rec is not None:
@@ -396,16 +398,32 @@ class Decode:
                 if rec.state == ABORTING:
                     self.release(rec)
 
-    def fence_inst(self, inst):
+    def fence_inst(self, inst, then=None):
         """hosts mode, kvfence: tear down the transport of inst's current incarnation
         without its help (hosts.DecodeNet.teardown: filter, drain, abort, prove), then
-        fence its ranks: their rooms are released only now."""
-        ms = self.net.teardown(inst)
-        self.teardowns.append(ms)
-        self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
-        for r in self.ranks_of[inst]:
-            self.m["rank_fences"] += 1
-            self.table.fence_rank(r)
+        fence its ranks: their rooms are released only now (the scheduler drains them).
+        On a thread of its own, so that the other hosts are served meanwhile; then() runs
+        after the fence. inst stays in pending_fence (no respawn, no admission) until
+        then."""
+        self.pending_fence[inst] = time.monotonic()
+        ranks = list(self.ranks_of[inst])
+
+        def work():
+            try:
+                ms = self.net.teardown(inst)
+                if ms > 0:
+                    self.teardowns.append(ms)
+                self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
+                for r in ranks:
+                    self.m["rank_fences"] += 1
+                    self.table.fence_rank(r)
+                if then is not None:
+                    then()
+            except Exception as e:  # a teardown that cannot be proven: never fence
+                self.teardown_errors.append(repr(e))
+                return
+            self.pending_fence.pop(inst, None)
+        threading.Thread(target=work, daemon=True).start()
 
     def reset(self, inst):
         """kvfence, hosts mode: a write of inst returned -1. Reset the transport to that
@@ -416,10 +434,12 @@ class Decode:
         self.alive.discard(inst)
         for rec in [r for r in self.recs.values() if r.inst == inst and r.state == TRANSFER]:
             self.abort(rec)  # (inst is not alive: no ABORT is sent; the RESET drops them)
-        self.fence_inst(inst)
         conn = self.conns.get(inst)
-        if conn is not None:
-            conn.send(t="RESET", session=self.session_for(inst))
+
+        def then():
+            if conn is not None and self.conns.get(inst) is conn:
+                conn.send(t="RESET", session=self.session_for(inst))
+        self.fence_inst(inst, then)
 
     def check_heartbeats(self, now):
         for inst in list(self.alive):
@@ -508,6 +528,7 @@ class Decode:
         if self.hosts:
             out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
             out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
+            out["teardown_errors"] = self.teardown_errors
         out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0
         return out
 
@@ -548,6 +569,7 @@ def run_mixed(cfg, rule, tick=None):
             if d.hosts:
                 for inst, p in d.procs.items():
                     if inst in d.conns or inst in d.hold_respawn or p.poll() is None \
+                            or inst in d.pending_fence \
                             or (respawn_at and respawn_at[0] == inst):
                         continue
                     exited = d.exited_at.setdefault(inst, now)

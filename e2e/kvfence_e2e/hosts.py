@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -51,6 +52,7 @@ class DecodeNet:
     def __init__(self, decode):
         self.d = decode
         self.parts = []  # per teardown: (filter, drain, abort+proof) ms
+        self.locks = {}
         sh("nft", "delete", "table", "inet", NFT_TABLE, check=False)  # a previous rule's
         sh("nft", "-f", "-", check=False)
         rules = """
@@ -69,6 +71,10 @@ table inet %s {
     def teardown(self, inst):
         """Tears down inst's current transport without its help; returns the ms from the
         call ("declared dead") to the proof. Idempotent per incarnation (0.0 again)."""
+        with self.locks.setdefault(inst, threading.Lock()):  # one teardown per host at a time
+            return self._teardown(inst)
+
+    def _teardown(self, inst):
         t0 = time.monotonic()
         rec = self.d.engines.get(inst)
         if rec is None or rec.get("fenced"):
@@ -120,12 +126,35 @@ table inet %s {
         sh("ip", "netns", "exec", self.d.hosts["switch_ns"], "ip", "link", "set",
            "vp%d" % inst, "up" if up else "down")
 
-    def netem(self, inst, spec):
-        """tc netem on inst's link, both directions (its eth0 and its switch port)."""
+    def degrade(self, inst, netem, tbf, loss_pct):
+        """A slow, jittery, lossy link for inst's host, both directions (its eth0 and its
+        switch port). tc netem where the kernel has it; else (CONFIG_NET_SCH_NETEM unset,
+        as on the dev box) a token bucket (tbf: a slow link, queueing delay that varies
+        with the load) and random loss in the host's own namespace (nft numgen).
+        Returns what was applied."""
         h = self.d.hosts["prefills"][inst]
-        for ns, dev in ((h["ns"], "eth0"), (self.d.hosts["switch_ns"], "vp%d" % inst)):
+        devs = ((h["ns"], "eth0"), (self.d.hosts["switch_ns"], "vp%d" % inst))
+        spec = "%s loss %g%%" % (netem, loss_pct)
+        ok = all(sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root",
+                    "netem", *spec.split(), check=False).returncode == 0 for ns, dev in devs)
+        if ok:
+            return "netem " + spec
+        for ns, dev in devs:
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
             sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root",
-               "netem", *spec.split())
+               "tbf", *tbf.split())
+        per = int(round(loss_pct * 100))  # per 10000
+        rules = """
+table inet kvfh_loss {
+  chain lin { type filter hook input priority 0; policy accept; numgen random mod 10000 < %d drop; }
+  chain lout { type filter hook output priority 0; policy accept; numgen random mod 10000 < %d drop; }
+}
+""" % (per, per)
+        r = subprocess.run(["ip", "netns", "exec", h["ns"], "nft", "-f", "-"], input=rules,
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("nft (loss): %s" % r.stderr.strip())
+        return "tbf %s + random loss %g%% each way (nft; no netem in this kernel)" % (tbf, loss_pct)
 
     def clear_netem(self, inst):
         h = self.d.hosts["prefills"][inst]
@@ -166,14 +195,16 @@ class Partition:
             d.hold_respawn.discard(self.victim)
 
 
-class Netem:
-    def __init__(self, inst, spec):
-        self.inst, self.spec, self.on = inst, spec, False
+class Lossy:
+    """From the start: one prefill host's link slow, jittery and lossy (both ways)."""
+
+    def __init__(self, inst, a):
+        self.inst, self.a, self.applied = inst, a, None
 
     def __call__(self, d, t):
-        if not self.on:
-            d.net.netem(self.inst, self.spec)
-            self.on = True
+        if self.applied is None:
+            self.applied = d.net.degrade(self.inst, self.a.netem, self.a.tbf, self.a.loss)
+            d.m["link"] = "host %d: %s" % (self.inst, self.applied)
 
 
 def parse(argv):
@@ -194,8 +225,11 @@ def parse(argv):
                     "(default duration*0.3)")
     ap.add_argument("--cut-s", type=float, default=None,
                     help="partition: seconds cut (default: 30*scale + 1, past both deadlines)")
-    ap.add_argument("--netem", default="delay 10ms 5ms loss 1%",
-                    help="lossy: tc netem arguments on one prefill host's link")
+    ap.add_argument("--netem", default="delay 10ms 5ms",
+                    help="lossy: tc netem delay/jitter on one prefill host's link")
+    ap.add_argument("--tbf", default="rate 100mbit burst 64kb latency 30ms",
+                    help="lossy, where the kernel has no netem: tc tbf arguments instead")
+    ap.add_argument("--loss", type=float, default=1.0, help="lossy: %% of packets lost each way")
     ap.add_argument("--fail-share", type=float, default=0.003,
                     help="clean/lossy: share of requests whose last write returns -1")
     ap.add_argument("--teardown-fail-share", type=float, default=0.05,
@@ -262,7 +296,7 @@ def run_one(a, scenario, rule, rnd):
         tick = Partition(a.cut_at, a.cut_s)
     elif scenario == "lossy":
         cfg = base_cfg(a)
-        tick = Netem(1, a.netem)
+        tick = Lossy(1, a)
     elif scenario == "teardown":
         cfg = base_cfg(a, kill_at=None, fail_share=a.teardown_fail_share)
         tick = None
