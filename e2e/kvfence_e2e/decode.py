@@ -25,12 +25,18 @@ from .common import (MAGIC_DATA, MAGIC_FREE, MAGIC_OWNED, Conn, check_page, head
                      stamp)
 
 TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
+# Test-only mutations (e2e/hosts/ci.sh --mutation shows each check can fail):
+#   fence-without-teardown  hosts mode: fence a dead/reset peer's ranks without tearing
+#                           its transport down first;
+#   no-reset                hosts mode: a -1 does not reset the transport (the room is
+#                           held until the rank is fenced for another reason).
+MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
 
 
 class Rec:
     __slots__ = ("id", "inst", "ranks", "pages", "h", "state", "t_open", "abort_at",
                  "t_abort", "done_ranks", "acks", "decode_until", "corrupt", "why",
-                 "abort_on_commit", "released")
+                 "abort_on_commit", "released", "t_fail")
 
     def __init__(self, rid, inst, ranks, pages):
         self.id, self.inst, self.ranks, self.pages = rid, inst, ranks, pages
@@ -46,6 +52,7 @@ class Rec:
         self.why = []
         self.abort_on_commit = False
         self.released = False
+        self.t_fail = None
 
 
 class Decode:
@@ -94,6 +101,7 @@ class Decode:
         self.teardown_errors = []
         self.landed = set()
         self.lat = []
+        self.fail_lat = []  # ms from a -1 (FAIL) to the release of its room
         self.acked = set()
         self.pending_fence = {}  # inst -> time its control connection closed
         self.fence_waits = []  # ms from control EOF to proven transport teardown
@@ -249,6 +257,8 @@ class Decode:
         rec.released = True
         if rec.t_abort is not None:
             self.lat.append((time.monotonic() - rec.t_abort) * 1000.0)
+        if rec.t_fail is not None:
+            self.fail_lat.append((time.monotonic() - rec.t_fail) * 1000.0)
         for p in rec.pages:
             self.owner[p] = None
         if quarantined:
@@ -365,8 +375,11 @@ class Decode:
         elif t == "FAIL":
             self.m["failed_writes"] += 1
             live = rec.state == TRANSFER
+            if rec.t_fail is None:
+                rec.t_fail = time.monotonic()
             self.abort(rec)  # the request fails
-            if live and self.hosts and self.table is not None and rec.inst in self.alive:
+            if live and self.hosts and self.table is not None and rec.inst in self.alive \
+                    and MUTATION != "no-reset":
                 self.reset(rec.inst)  # -1: the transport to that peer is reset
         elif t == "COMMIT":
             if rec.abort_on_commit:
@@ -410,7 +423,9 @@ class Decode:
 
         def work():
             try:
-                ms = self.net.teardown(inst)
+                # (test-only mutation: fence at once, as if the control EOF or the
+                # deadline proved the transport gone: the partition check must catch it)
+                ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst)
                 if ms > 0:
                     self.teardowns.append(ms)
                 self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
@@ -525,6 +540,9 @@ class Decode:
         out["chunks_written"] = ps.get("chunks_written", 0)
         out["abort_to_release_ms_p50"] = pct(0.5)
         out["abort_to_release_ms_p99"] = pct(0.99)
+        fl = sorted(self.fail_lat)
+        out["fail_to_release_ms_p50"] = round(fl[len(fl) // 2], 1) if fl else None
+        out["fail_to_release_ms_max"] = round(fl[-1], 1) if fl else None
         if self.hosts:
             out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
             out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
@@ -599,8 +617,14 @@ def run_mixed(cfg, rule, tick=None):
         while time.monotonic() - t1 < 3.0 and any(
                 r.state in (TRANSFER, DECODING) for r in d.recs.values()):
             d.step(0.005)
+        while d.hosts and d.pending_fence and time.monotonic() - t1 < 8.0:
+            d.step(0.005)  # a reset under way at the end of the load: its teardown ends
+        for _ in range(3):
+            d.step(0.005)  # (its releases drained)
         d.m["pages_held_awaiting_drain_at_end"] = sum(
             len(r.pages) for r in d.recs.values() if r.state == ABORTING)
+        d.m["failed_rooms_held_at_end"] = sum(
+            1 for r in d.recs.values() if r.t_fail is not None and not r.released)
         d.shutdown()
         return d.summary(duration)
     finally:
