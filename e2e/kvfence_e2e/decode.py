@@ -167,7 +167,8 @@ class Decode:
         if self.hosts:  # on its own host: its namespace, its address, heartbeats
             h = self.hosts["prefills"][inst]
             cmd = ["ip", "netns", "exec", h["ns"]] + cmd + [
-                "--ip", h["ip"], "--ctl-host", self.ip, "--hb-ms", str(self.hosts["hb_ms"])]
+                "--ip", h["ip"], "--ctl-host", self.ip, "--hb-ms", str(self.hosts["hb_ms"]),
+                "--linger-s", str(self.hosts.get("linger_s", 0.0))]
         else:
             cmd += ["--session", self.session]
         self.procs[inst] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)

@@ -262,7 +262,7 @@ def parse(argv):
 def hosts_cfg(a):
     pre = "kvfh%s" % a.id
     return {"decode_ip": "10.213.0.1", "switch_ns": pre + "sw", "hb_ms": 50.0 * a.scale * 20,
-            "dead_after_s": 10.0 * a.scale,
+            "dead_after_s": 10.0 * a.scale, "linger_s": 2.0,
             "prefills": [{"ns": "%sp%d" % (pre, i), "ip": "10.213.0.%d" % (10 + i)}
                          for i in range(a.instances)]}
 

@@ -278,6 +278,7 @@ class Rank:
 class Proc:
     def __init__(self, a):
         self.rule, self.inst, self.ip = a.rule, a.inst, a.ip
+        self.linger = a.linger_s
         ranks = [int(r) for r in a.ranks.split(",")]
         per = a.ring * a.page_size
         self.buf = np.zeros(per * len(ranks), dtype=np.uint8)
@@ -338,7 +339,11 @@ class Proc:
         while True:
             m = self.conn.recv()
             if m is None:
-                os._exit(0)  # the decode is gone
+                # the decode is gone (or closed on us). On a host of its own the process
+                # keeps running a while, as an engine would until its own deadline: its
+                # queued writes go on being submitted and retransmitted
+                time.sleep(self.linger)
+                os._exit(0)
             t = m["t"]
             if t == "REQ":
                 self.ranks[m["rank"]].on_req(m)
@@ -368,6 +373,8 @@ def main():
     ap.add_argument("--ip", default="127.0.0.1", help="this host's address")
     ap.add_argument("--ctl-host", default="127.0.0.1", help="the decode's address")
     ap.add_argument("--hb-ms", type=float, default=0.0, help="heartbeat period (0: none)")
+    ap.add_argument("--linger-s", type=float, default=0.0,
+                    help="seconds to keep running after the control connection closed")
     ap.add_argument("--rule", required=True)
     ap.add_argument("--page-size", type=int, required=True)
     ap.add_argument("--ring", type=int, default=256)
