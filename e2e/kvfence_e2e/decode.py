@@ -31,15 +31,18 @@ TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
 #   no-reset                hosts mode: a -1 does not reset the transport (the room is
 #                           held until the rank is fenced for another reason).
 MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
+WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 
 
 class Rec:
     __slots__ = ("id", "inst", "ranks", "pages", "h", "state", "t_open", "abort_at",
                  "t_abort", "done_ranks", "acks", "decode_until", "corrupt", "why",
-                 "abort_on_commit", "released", "t_fail")
+                 "abort_on_commit", "released", "t_fail", "lranks", "wgen")
 
     def __init__(self, rid, inst, ranks, pages):
         self.id, self.inst, self.ranks, self.pages = rid, inst, ranks, pages
+        self.lranks = ranks  # the ranks on the wire; self.ranks: their writer ids in the
+        self.wgen = 0        # table, of transport generation wgen (hosts mode: see reset)
         self.h = None
         self.state = TRANSFER
         self.t_open = time.monotonic()
@@ -90,6 +93,9 @@ class Decode:
         self.recs = {}  # id -> Rec (not yet released)
         self.by_inst = {}
         self.conns, self.procs, self.alive, self.ranks_of = {}, {}, set(), {}
+        self.writers_of = {}  # inst -> writer ids of its current transport (hosts: reset)
+        self.gen_of = {}  # inst -> its transport generation (+1 at each reset)
+        self.resets_pending = 0
         self.pstats = {}
         self.m = {"requests": 0, "finished": 0, "aborted": 0, "corrupted_requests": 0,
                   "corrupted_pages": 0, "stale_landings_on_free_pages": 0, "failed_writes": 0,
@@ -202,7 +208,10 @@ class Decode:
             if m["t"] == "HB":
                 continue  # a heartbeat: only last_seen
             if m["t"] == "ACK" and self.table is not None:
-                self.table.quiesce(m["h"], m["rank"])  # "stale" for a late ACK: harmless
+                rec = self.recs.get(m["req"])
+                if rec is not None and m["rank"] in rec.lranks:
+                    # "stale" for a late ACK: harmless
+                    self.table.quiesce(m["h"], rec.ranks[rec.lranks.index(m["rank"])])
             self.events.put((m["t"], inst, m))
 
     def start(self, n):
@@ -236,8 +245,10 @@ class Decode:
                 self.m["corrupted_pages"] += 1
             stamp(self.page(p), MAGIC_OWNED, rid)
             self.owner[p] = rid
-        ranks = self.ranks_of[inst]
+        ranks = self.writers_of.get(inst, self.ranks_of[inst])
         rec = Rec(rid, inst, ranks, pages)
+        rec.lranks = self.ranks_of[inst]
+        rec.wgen = self.gen_of.get(inst, 0)
         self.rids_by_inst.setdefault(inst, []).append(rid)
         rec.abort_at, rec.abort_on_commit = abort_at, abort_on_commit
         if self.table is not None:
@@ -245,7 +256,7 @@ class Decode:
         self.recs[rid] = rec
         self.m["requests"] += 1
         R = len(ranks)
-        for j, r in enumerate(ranks):
+        for j, r in enumerate(rec.lranks):
             chunks = [(c, self.kv_addr + pages[c] * self.ps) for c in range(ppr) if c % R == j]
             self.conns[inst].send(t="REQ", req=rid, h=rec.h or 0, rank=r, chunks=chunks,
                                   delay_ms=delay_ms, fail_chunk=fail_chunk, notify=notify)
@@ -279,9 +290,9 @@ class Decode:
         rec.t_abort = time.monotonic()
         self.m["aborted"] += 1
         if self.table is not None:
-            tell = self.table.abort(rec.h)
+            tell = [rec.lranks[rec.ranks.index(w)] for w in self.table.abort(rec.h)]
         else:
-            tell = rec.ranks
+            tell = rec.lranks
         conn = self.conns.get(rec.inst)
         if rec.inst in self.alive and conn is not None:
             for r in tell:
@@ -320,7 +331,7 @@ class Decode:
                     self.release(rec, quarantined=(r.reason == "quarantined"))
         elif self.timeout is not None:
             for rec in list(self.recs.values()):
-                if rec.state == ABORTING and (rec.acks >= set(rec.ranks)
+                if rec.state == ABORTING and (rec.acks >= set(rec.lranks)
                                               or now - rec.t_abort >= self.timeout):
                     self.release(rec)
         held = 0
@@ -349,7 +360,7 @@ class Decode:
         if t == "READY":
             self.alive.add(inst)
             if self.table is not None:
-                for r in self.ranks_of[inst]:
+                for r in self.writers_of.get(inst, self.ranks_of[inst]):
                     self.table.readmit_rank(r)
             return
         if t == "STATS":
@@ -367,7 +378,7 @@ class Decode:
             return  # a late message about a released request
         if t == "DONE":
             rec.done_ranks.add(m["rank"])
-            if rec.state == TRANSFER and rec.done_ranks >= set(rec.ranks):
+            if rec.state == TRANSFER and rec.done_ranks >= set(rec.lranks):
                 self.verify(rec)
                 rec.state = DECODING
                 rec.decode_until = time.monotonic() + self.cfg.decode_ms / 1000.0
@@ -375,12 +386,11 @@ class Decode:
             rec.acks.add(m["rank"])
         elif t == "FAIL":
             self.m["failed_writes"] += 1
-            live = rec.state == TRANSFER
             if rec.t_fail is None:
                 rec.t_fail = time.monotonic()
             self.abort(rec)  # the request fails
-            if live and self.hosts and self.table is not None and rec.inst in self.alive \
-                    and MUTATION != "no-reset":
+            if self.hosts and self.table is not None and rec.inst in self.alive \
+                    and rec.wgen == self.gen_of.get(rec.inst, 0) and MUTATION != "no-reset":
                 self.reset(rec.inst)  # -1: the transport to that peer is reset
         elif t == "COMMIT":
             if rec.abort_on_commit:
@@ -412,33 +422,44 @@ class Decode:
                 if rec.state == ABORTING:
                     self.release(rec)
 
-    def fence_inst(self, inst, then=None):
+    def fence_inst(self, inst, then=None, engine=None, writers=None):
         """hosts mode, kvfence: tear down the transport of inst's current incarnation
         without its help (hosts.DecodeNet.teardown: filter, drain, abort, prove), then
         fence its ranks: their rooms are released only now (the scheduler drains them).
         On a thread of its own, so that the other hosts are served meanwhile; then() runs
         after the fence. inst stays in pending_fence (no respawn, no admission) until
         then."""
-        self.pending_fence[inst] = time.monotonic()
-        ranks = list(self.ranks_of[inst])
+        reset = writers is not None
+        if reset:
+            self.resets_pending += 1
+        else:
+            self.pending_fence[inst] = time.monotonic()
+        ranks = list(writers if reset else self.writers_of.get(inst, self.ranks_of[inst]))
+        eng = engine if engine is not None else self.engines.get(inst)
 
         def work():
             try:
                 # (test-only mutation: fence at once, as if the control EOF or the
                 # deadline proved the transport gone: the partition check must catch it)
-                ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst)
+                ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst, eng)
                 if ms > 0:
                     self.teardowns.append(ms)
                 self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
                 for r in ranks:
                     self.m["rank_fences"] += 1
                     self.table.fence_rank(r)
+                if reset:
+                    for r in ranks:  # never used again: out of the (bounded) fenced set
+                        self.table.readmit_rank(r)
                 if then is not None:
                     then()
             except Exception as e:  # a teardown that cannot be proven: never fence
                 self.teardown_errors.append(repr(e))
                 return
-            self.pending_fence.pop(inst, None)
+            if reset:
+                self.resets_pending -= 1
+            else:
+                self.pending_fence.pop(inst, None)
         threading.Thread(target=work, daemon=True).start()
 
     def reset(self, inst):
@@ -450,12 +471,20 @@ class Decode:
         self.alive.discard(inst)
         for rec in [r for r in self.recs.values() if r.inst == inst and r.state == TRANSFER]:
             self.abort(rec)  # (inst is not alive: no ABORT is sent; the RESET drops them)
+        # The new transport is independent of the old one's teardown: new writer ids (the
+        # old ones are fenced when the teardown is proven; a room opened on the new ids
+        # can never be released by that fence), a new engine here (the filter is scoped
+        # to the old engine's ports). So the host serves again at READY, not after the
+        # teardown.
+        old_writers = list(self.writers_of.get(inst, self.ranks_of[inst]))
+        old_engine = self.engines.get(inst)
+        g = self.gen_of.get(inst, 0) + 1
+        self.gen_of[inst] = g
+        self.writers_of[inst] = [r + WRITER_STRIDE * g for r in self.ranks_of[inst]]
         conn = self.conns.get(inst)
-
-        def then():
-            if conn is not None and self.conns.get(inst) is conn:
-                conn.send(t="RESET", session=self.session_for(inst))
-        self.fence_inst(inst, then)
+        if conn is not None:
+            conn.send(t="RESET", session=self.session_for(inst))
+        self.fence_inst(inst, engine=old_engine, writers=old_writers)
 
     def check_heartbeats(self, now):
         for inst in list(self.alive):
@@ -618,7 +647,7 @@ def run_mixed(cfg, rule, tick=None):
         while time.monotonic() - t1 < 3.0 and any(
                 r.state in (TRANSFER, DECODING) for r in d.recs.values()):
             d.step(0.005)
-        while d.hosts and d.pending_fence and time.monotonic() - t1 < 8.0:
+        while d.hosts and (d.pending_fence or d.resets_pending) and time.monotonic() - t1 < 8.0:
             d.step(0.005)  # a reset under way at the end of the load: its teardown ends
         for _ in range(3):
             d.step(0.005)  # (its releases drained)

@@ -68,15 +68,15 @@ table inet %s {
         if r.returncode != 0:
             raise RuntimeError("nft: %s" % r.stderr.strip())
 
-    def teardown(self, inst):
+    def teardown(self, inst, rec):
         """Tears down inst's current transport without its help; returns the ms from the
         call ("declared dead") to the proof. Idempotent per incarnation (0.0 again)."""
         with self.locks.setdefault(inst, threading.Lock()):  # one teardown per host at a time
-            return self._teardown(inst)
+            return self._teardown(inst, rec)
 
-    def _teardown(self, inst):
+    def _teardown(self, inst, rec):
+        """rec: the engine record of the incarnation (Decode.engines)."""
         t0 = time.monotonic()
-        rec = self.d.engines.get(inst)
         if rec is None or rec.get("fenced"):
             return 0.0
         peer = self.d.hosts["prefills"][inst]["ip"]
