@@ -23,9 +23,15 @@
 //!
 //! The queue is a bitmap over room indices plus a count: bounded by construction (a room
 //! has at most one release pending, and its index is not reused before that release is
-//! drained), lock-free (a `fetch_or` to push, a `fetch_and` to pop: the bit arbitrates
-//! between concurrent drainers) and allocation-free. Popping scans the bitmap words, so a
-//! drain costs `rooms / 64` loads when something is pending and one load when nothing is.
+//! drained), lock-free (a `fetch_or` to push; to take, a `fetch_and` clearing the bits
+//! taken: the bit arbitrates between concurrent drainers) and allocation-free.
+//! [`RoomTable::drain_released`] makes **one pass** over the bitmap words and takes every
+//! bit of a word with one `swap(0)`, so a drain of `k` releases out of `rooms` costs
+//! `rooms / 64` loads plus one RMW per non-empty word, wherever the `k` rooms are (before
+//! issue 18 it popped one at a time, each pop restarting at word 0: `k` scans). It stops
+//! early once it has taken as many releases as the count said were pending when it
+//! began. A drain with nothing pending is one load of the count.
+//! [`RoomTable::pop_released`] takes one release, scanning from word 0.
 //!
 //! **Quarantine.** A room that can never be proven drained (a failed transfer whose peer's
 //! transport cannot be torn down) is ended by [`RoomTable::quarantine`]: it gives up on
@@ -36,50 +42,12 @@
 //! engine must never free those pages). Time still never frees anything.
 
 use crate::error::Error;
-use crate::room_word::{Phase, Refusal, Step};
+pub use crate::room_word::Reason;
+use crate::room_word::{Closed, Hold, Refusal, Step};
 use crate::stats::Event;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
-use crate::table::{mark, reason_of, tagged, try_boxed, untag};
+use crate::table::{mark, tagged, try_boxed, untag};
 use crate::{RoomHandle, RoomTable};
-
-/// Why a room was released.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// Finished normally (`finish`), and everything in flight drained.
-    Finished,
-    /// Aborted, and every writer acknowledged (or was fenced) and every transfer ended.
-    Aborted,
-    /// Quarantined: the room index is back, but the pages must **never** be freed or
-    /// reused (a write to them may still land). Pool mode keeps them out of the pool.
-    Quarantined,
-}
-
-impl Reason {
-    const fn code(self) -> u32 {
-        match self {
-            Reason::Finished => 0,
-            Reason::Aborted => 1,
-            Reason::Quarantined => 2,
-        }
-    }
-    const fn from_code(code: u32) -> Reason {
-        match code {
-            0 => Reason::Finished,
-            1 => Reason::Aborted,
-            _ => Reason::Quarantined,
-        }
-    }
-}
-
-impl core::fmt::Display for Reason {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            Reason::Finished => "finished",
-            Reason::Aborted => "aborted",
-            Reason::Quarantined => "quarantined",
-        })
-    }
-}
 
 /// A room's release: its lifecycle is over and nothing can write its pages any more
 /// (unless [`Reason::Quarantined`]). Delivered exactly once.
@@ -144,17 +112,58 @@ impl PendingSet {
         None
     }
 
+    /// Takes up to `max` pending room indices, in one pass over the words, handing each
+    /// to `f`. Bits of a word taken beyond `max` are put back (their rooms' indices are not
+    /// reused before their releases are delivered, so nobody else can set them meanwhile).
+    fn drain(&self, max: usize, mut f: impl FnMut(usize)) -> usize {
+        let pending = self.count.load(Ordering::Relaxed);
+        if pending == 0 || max == 0 {
+            return 0;
+        }
+        let mut taken = 0;
+        for (w, word) in self.words.iter().enumerate() {
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            // Every bit of the word at once: one RMW, and each bit taken by one drainer.
+            let mut bits = word.swap(0, Ordering::Acquire);
+            let mut keep = bits;
+            let mut n = 0;
+            while keep != 0 && taken + n < max {
+                keep &= keep - 1;
+                n += 1;
+            }
+            if keep != 0 {
+                word.fetch_or(keep, Ordering::Release);
+                bits &= !keep;
+            }
+            self.count.fetch_sub(n, Ordering::Relaxed);
+            while bits != 0 {
+                f(w * 64 + bits.trailing_zeros() as usize);
+                bits &= bits - 1;
+            }
+            taken += n;
+            // Everything pending when we began is taken (later pushes may wait for the
+            // next drain), or the caller's limit is reached.
+            if taken >= pending || taken == max {
+                break;
+            }
+        }
+        taken
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }
 }
 
 impl RoomTable {
-    /// The caller won the RMW that moved room `index` from lifecycle `gen` (closed to
-    /// `phase`) to `FREE`. Delivers the release now (`Some`), or queues it (`None`), as the
-    /// table is configured; a rolled-back `open` is returned to service silently (`None`).
-    pub(crate) fn release(&self, index: usize, gen: u32, phase: Phase) -> Option<Released> {
-        self.release_to(index, gen, phase, self.config.release_queue)
+    /// The caller won the RMW that moved room `index` from lifecycle `gen` to `FREE`, for
+    /// `reason` (read from the value that RMW observed). Delivers the release now (`Some`),
+    /// or queues it (`None`), as the table is configured; a rolled-back `open` is returned
+    /// to service silently (`None`).
+    pub(crate) fn release(&self, index: usize, gen: u32, reason: Reason) -> Option<Released> {
+        self.release_to(index, gen, reason, self.config.release_queue)
     }
 
     /// [`release`](Self::release), forcing the queue when `queue` (no caller to return to).
@@ -162,28 +171,35 @@ impl RoomTable {
         &self,
         index: usize,
         gen: u32,
-        phase: Phase,
+        reason: Reason,
         queue: bool,
     ) -> Option<Released> {
         let slot = &self.slots[index].0;
-        // A release that depends on a rollback's or a quarantine's own RMWs sees its mark
-        // (stored before those RMWs; every release RMW is later in the room word's order).
-        // A quarantine that lands after the deciding RMW (in the gap before FREE is stored)
-        // may or may not be seen: if seen, the pages are kept out for good although they
-        // drained (safe, a leak the stats count); the quarantine itself reports a stale
-        // handle either way.
+        // A release that depends on a rollback's own RMWs sees its mark (stored before
+        // those RMWs; every release RMW is later in the room word's order).
         if slot.rolled_back.load(Ordering::Relaxed) == mark(gen) {
             let _ = self.deliver(index, gen, Reason::Aborted, false);
             return None;
         }
-        let quarantined = slot.quarantined.load(Ordering::Relaxed) == mark(gen)
+        // MUTATION (test-only): the pre-fix quarantine, whose mark was a separate store
+        // read here, after the deciding RMW: a refused quarantine could still keep pages.
+        #[cfg(kvfence_quarantine_mark_first)]
+        let reason = if slot.quarantine_mark.load(Ordering::Relaxed) == mark(gen) {
+            Reason::Quarantined
+        } else {
+            reason
+        };
+        let reason = match reason {
             // MUTATION (test-only): a quarantined room's pages treated as drained.
-            && !cfg!(kvfence_quarantine_frees_pages);
-        let reason = reason_of(phase, quarantined);
+            Reason::Quarantined if cfg!(kvfence_quarantine_frees_pages) => Reason::Aborted,
+            reason => reason,
+        };
         if queue {
             slot.queued
-                .store(tagged(gen, reason.code()), Ordering::Relaxed);
+                .store(tagged(gen, reason.code()), Ordering::Release);
             self.queue.push(index);
+            // The release is decided and queued: a waiter for it may go on (and drain).
+            slot.parking.notify();
             return None;
         }
         Some(self.deliver(index, gen, reason, true))
@@ -233,9 +249,9 @@ impl RoomTable {
     }
 
     /// Drops a hold whose caller cannot return a release: a release it performs is queued.
-    pub(crate) fn drop_hold_to_queue(&self, index: usize, gen: u32) {
-        if let Ok(Step::Released(phase)) = self.slots[index].0.word.drop_hold(gen) {
-            let _ = self.release_to(index, gen, phase, true);
+    pub(crate) fn drop_hold_to_queue(&self, index: usize, gen: u32, kind: Hold) {
+        if let Ok(Step::Released(reason)) = self.slots[index].0.word.drop_hold(gen, kind) {
+            let _ = self.release_to(index, gen, reason, true);
         }
     }
 
@@ -278,12 +294,27 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn drain_released(&self, out: &mut Vec<Released>) -> usize {
-        let mut n = 0;
-        while let Some(released) = self.pop_released() {
-            out.push(released);
-            n += 1;
+        if cfg!(kvfence_drain_rescans) {
+            // MUTATION (test-only, for the benchmark's before/after): the pre-issue-18
+            // drain, one `pop_released` (a scan from word 0) per release.
+            let mut n = 0;
+            while let Some(released) = self.pop_released() {
+                out.push(released);
+                n += 1;
+            }
+            return n;
         }
-        n
+        self.drain_released_max(out, usize::MAX)
+    }
+
+    /// [`drain_released`](Self::drain_released), delivering at most `max` releases (the
+    /// rest stay queued for the next call): for callers with a fixed-size buffer (the C
+    /// ABI). Still one pass over the bitmap.
+    pub fn drain_released_max(&self, out: &mut Vec<Released>, max: usize) -> usize {
+        self.queue.drain(max, |index| {
+            let (gen, code) = untag(self.slots[index].0.queued.load(Ordering::Relaxed));
+            out.push(self.deliver(index, gen, Reason::from_code(code), true));
+        })
     }
 
     /// Ends a room that can never be proven drained (its rank's transport cannot be torn
@@ -313,33 +344,45 @@ impl RoomTable {
     pub fn quarantine(&self, handle: RoomHandle) -> Result<Option<Released>, Error> {
         let slot = self.slot(handle)?;
         let (index, gen) = (handle.index(), handle.generation());
-        let state = slot.word.load(Ordering::Acquire);
-        if state.gen() != gen || state.phase() == Phase::Free {
-            return Err(self.stale());
+        #[cfg(kvfence_quarantine_mark_first)]
+        {
+            // MUTATION (test-only): mark first, close after (see `release_to`).
+            let state = slot.word.load(Ordering::Acquire);
+            if state.gen() == gen && state.phase() != crate::Phase::Free {
+                slot.quarantine_mark.store(mark(gen), Ordering::Relaxed);
+            }
         }
-        // Mark this lifecycle, unless a newer one is marked already (this call ran late:
-        // the room was released and reopened since the check above, and the stale close
-        // below will refuse): a late store must never erase a newer lifecycle's mark.
-        let _ = slot
-            .quarantined
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                let newer = cur != 0 && (((cur as u32).wrapping_sub(gen)) as i32) > 0;
-                (!newer).then_some(mark(gen))
-            });
-        let mut out = None;
-        match slot.word.close(gen, Phase::Aborting) {
-            Ok(Step::Released(phase)) => return Ok(self.release(index, gen, phase)),
-            Ok(Step::Held) | Err(Refusal::Phase(_)) => {}
+        // The decision: one CAS sets the quarantine bit and closes the room, or refuses
+        // (the release is decided already) and changes nothing.
+        let stamp = match slot.word.quarantine(gen) {
+            Ok(Closed::Released(reason)) => return Ok(self.release(index, gen, reason)),
+            Ok(Closed::Stamp) => {
+                // Quarantining a live room closes it: its closing time counts from now.
+                self.stamp_closed(index, gen);
+                true
+            }
+            Ok(Closed::Held) => false,
             Err(Refusal::Stale) => return Err(self.stale()),
-            Err(Refusal::HoldsFull) => unreachable!("close never adds a hold"),
-        }
+            Err(Refusal::Phase(_) | Refusal::HoldsFull) => {
+                unreachable!("quarantine closes any live room and adds no transfer")
+            }
+        };
+        let mut out = None;
         // Give up on every writer still pending...
         if let Some(r) = self.give_up_writers(index, gen) {
             out = Some(r);
         }
-        // ...and on every failed transfer of the room.
+        // ...and on every failed transfer of the room...
         for failed in self.take_failed(|f| f.index == index as u32 && f.gen == gen) {
-            if let Some(r) = self.drop_hold(failed.index as usize, failed.gen) {
+            for _ in 0..failed.count {
+                if let Some(r) = self.drop_hold(index, gen, Hold::Transfer) {
+                    out = Some(r);
+                }
+            }
+        }
+        // ...and last our stamp hold, which kept the room from being released meanwhile.
+        if stamp {
+            if let Some(r) = self.drop_hold(index, gen, Hold::Stamp) {
                 out = Some(r);
             }
         }

@@ -29,8 +29,8 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::fence::FencedRanks;
 use crate::handle::{HandleKey, RoomHandle};
-use crate::release::{PendingSet, Reason, Released};
-use crate::room_word::{Phase, Refusal, RoomWord, Step};
+use crate::release::{PendingSet, Released};
+use crate::room_word::{Closed, Hold, Phase, Refusal, RoomWord, Step};
 use crate::stats::{Counters, Event};
 use crate::sync::{fence, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Padded, UnsafeCell};
 use crate::transfer::{FailedTransfer, TokenSlot};
@@ -89,9 +89,6 @@ pub(crate) const fn mark(gen: u32) -> u64 {
     1 << 32 | gen as u64
 }
 
-/// `closed_at` value meaning "this lifecycle has not closed (yet)".
-pub(crate) const NOT_CLOSED: u32 = u32::MAX;
-
 /// One room's slot. Padded so that rooms used by different threads never share a line.
 ///
 /// `repr(C)`, in this order: a lifecycle touches the fields up to the first few writer ids
@@ -108,17 +105,20 @@ pub(crate) struct Slot {
     /// `tagged(generation, page count)`, stored by the opener before `publish` and by
     /// `grow`: `stats` uses the count only when the tag matches the room word it read.
     pub(crate) sized: AtomicU64,
-    /// `tagged(generation, milliseconds since the table's epoch)` at `abort`/`finish`,
-    /// `tagged(generation, NOT_CLOSED)` from `open` until then. The closer only replaces
-    /// the exact value its own lifecycle's opener stored, so a late closer of an earlier
-    /// lifecycle can never overwrite a newer one's time.
-    pub(crate) closed_at: AtomicU64,
+    /// When the lifecycle closed (`abort`, `finish`, `quarantine` of a live room):
+    /// milliseconds since the table's epoch, plus one; 0 from `open` until then. 64 bits of
+    /// milliseconds: it never wraps. Written with `Release` by the opener (0) and by the
+    /// closer of the `OWNED` room while it holds the stamp hold (see `room_word.rs`), so a
+    /// value can only be stored while its own lifecycle is live; `stats` validates it
+    /// against the room word, seqlock-style.
+    pub(crate) closed_ms: AtomicU64,
     /// `tagged(generation, failed transfers holding the room)`.
     pub(crate) failed: AtomicU64,
     /// `mark(gen)` if lifecycle `gen` was rolled back by its own `open`.
     pub(crate) rolled_back: AtomicU64,
-    /// `mark(gen)` if lifecycle `gen` was quarantined.
-    pub(crate) quarantined: AtomicU64,
+    /// MUTATION (test-only): the pre-fix quarantine mark, stored apart from the room word.
+    #[cfg(kvfence_quarantine_mark_first)]
+    pub(crate) quarantine_mark: AtomicU64,
     /// `tagged(gen, reason)` of a release waiting in the release queue.
     pub(crate) queued: AtomicU64,
     /// Every lifecycle of a generation below this one has *finished* its release (pages
@@ -219,11 +219,12 @@ impl RoomTable {
                     grow_lock: Mutex::new(()),
                     token: AtomicU64::new(0),
                     sized: AtomicU64::new(0),
-                    closed_at: AtomicU64::new(tagged(0, NOT_CLOSED)),
+                    closed_ms: AtomicU64::new(0),
                     failed: AtomicU64::new(0),
                     released_below: AtomicU32::new(0),
                     rolled_back: AtomicU64::new(0),
-                    quarantined: AtomicU64::new(0),
+                    #[cfg(kvfence_quarantine_mark_first)]
+                    quarantine_mark: AtomicU64::new(0),
                     queued: AtomicU64::new(0),
                     parking: Parking::new(),
                 })
@@ -282,16 +283,26 @@ impl RoomTable {
         Error::StaleHandle
     }
 
-    /// Milliseconds since the table's epoch, wrapping modulo 2^32 (the readers subtract
-    /// with `wrapping_sub`), never [`NOT_CLOSED`]: that one value reads 1 ms early. Runs on
-    /// every close, so no 128-bit division (`as_millis() % ..` was one).
-    pub(crate) fn now_ms(&self) -> u32 {
+    /// Milliseconds since the table's epoch: 64 bits, so it cannot wrap (584 million
+    /// years). Runs on every close that leaves a room held, so no 128-bit division
+    /// (`as_millis()` is one).
+    pub(crate) fn now_ms(&self) -> u64 {
         let elapsed = self.epoch.elapsed();
-        let ms = elapsed
+        elapsed
             .as_secs()
-            .wrapping_mul(1000)
-            .wrapping_add(u64::from(elapsed.subsec_millis())) as u32;
-        ms.min(NOT_CLOSED - 1)
+            .saturating_mul(1000)
+            .saturating_add(u64::from(elapsed.subsec_millis()))
+    }
+
+    /// Stores lifecycle `gen`'s closing time. Only the holder of the room's stamp hold
+    /// calls this (see `room_word.rs`): the room cannot be released meanwhile, so the store
+    /// lands in its own lifecycle.
+    pub(crate) fn stamp_closed(&self, index: usize, gen: u32) {
+        let _ = gen;
+        self.slots[index]
+            .0
+            .closed_ms
+            .store(self.now_ms().saturating_add(1), Ordering::Release);
     }
 
     /// Pool mode: claims a room and `pages` pages, all or nothing, for a request written by
@@ -426,8 +437,7 @@ impl RoomTable {
         slot.token.store(token, Ordering::Relaxed);
         slot.sized
             .store(tagged(gen, npages as u32), Ordering::Relaxed);
-        slot.closed_at
-            .store(tagged(gen, NOT_CLOSED), Ordering::Relaxed);
+        slot.closed_ms.store(0, Ordering::Release);
         slot.failed.store(tagged(gen, 0), Ordering::Relaxed);
         let holds = slot.writers.stamp(gen, writers);
         slot.word.publish(gen, holds);
@@ -467,8 +477,15 @@ impl RoomTable {
         let slot = &self.slots[index].0;
         slot.rolled_back.store(mark(gen), Ordering::Relaxed);
         let _ = self.give_up_writers(index, gen);
-        if let Ok(Step::Released(phase)) = slot.word.close(gen, Phase::Aborting) {
-            let _ = self.release(index, gen, phase);
+        match slot.word.close(gen, Phase::Aborting) {
+            Ok(Closed::Released(reason)) => {
+                let _ = self.release(index, gen, reason);
+            }
+            Ok(Closed::Stamp) => {
+                let _ = self.drop_hold(index, gen, Hold::Stamp);
+            }
+            // A forged handle's holder releases it later.
+            Ok(Closed::Held) | Err(_) => {}
         }
     }
 
@@ -492,9 +509,11 @@ impl RoomTable {
     /// # Errors
     /// [`Error::WrongMode`] (gate mode: [`grow_gate`](Self::grow_gate)),
     /// [`Error::RoomClosed`] once the room is closing, [`Error::StaleHandle`],
-    /// [`Error::PoolExhausted`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`] (the
-    /// room's hold counter is full). If the room was closed while it grew and this call's
-    /// hold was its last, the release goes to the release queue.
+    /// [`Error::TooManyPages`] (more than the whole pool, as [`open`](Self::open): refused
+    /// before anything is claimed), [`Error::PoolExhausted`], [`Error::InvalidHandle`],
+    /// [`Error::TooManyTransfers`] (the room's hold counter is full). If the room was closed
+    /// while it grew and this call's hold was its last, the release goes to the release
+    /// queue.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
@@ -512,6 +531,14 @@ impl RoomTable {
         };
         let mut added = Vec::new();
         self.grow_room(handle, |list| {
+            // As `open`: a request larger than the pool is refused before anything is
+            // claimed (`claim_many` would take every free page before finding it cannot).
+            if pages > pool.len() {
+                return Err(Error::TooManyPages {
+                    requested: pages,
+                    capacity: pool.len(),
+                });
+            }
             let before = list.len();
             if !pool.claim_many(pages, list) {
                 return Err(Error::PoolExhausted { requested: pages });
@@ -557,9 +584,15 @@ impl RoomTable {
     ) -> Result<(), Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
-        self.hold(slot, gen)?;
+        // The lock first: one grower at a time holds the room's single grow hold.
+        let _lock = lock(&slot.grow_lock);
+        match slot.word.begin(gen, Hold::Grow) {
+            Ok(()) => {}
+            Err(Refusal::Stale) => return Err(self.stale()),
+            Err(Refusal::Phase(phase)) => return Err(Error::RoomClosed { phase }),
+            Err(Refusal::HoldsFull) => unreachable!("the grow hold is taken under the grow lock"),
+        }
         let out = {
-            let _lock = lock(&slot.grow_lock);
             let out = slot.pages.with_mut(|list| {
                 // SAFETY: we hold the room (no release can take the list) and its grow lock
                 // (no other grower or reader touches it); see the module docs.
@@ -573,7 +606,7 @@ impl RoomTable {
         };
         // The room may have been closed meanwhile: our hold may be its last. A release has
         // no caller to return to here: it goes to the release queue.
-        self.drop_hold_to_queue(handle.index(), gen);
+        self.drop_hold_to_queue(handle.index(), gen, Hold::Grow);
         out.map(|_| ())
     }
 
@@ -593,9 +626,9 @@ impl RoomTable {
         Ok(copy)
     }
 
-    /// Takes a hold on an owned room of generation `gen`.
+    /// Takes a transfer hold on an owned room of generation `gen`.
     pub(crate) fn hold(&self, slot: &Slot, gen: u32) -> Result<(), Error> {
-        match slot.word.begin(gen) {
+        match slot.word.begin(gen, Hold::Transfer) {
             Ok(()) => Ok(()),
             Err(Refusal::Stale) => Err(self.stale()),
             Err(Refusal::Phase(phase)) => Err(Error::RoomClosed { phase }),
@@ -603,11 +636,11 @@ impl RoomTable {
         }
     }
 
-    /// Drops a hold the caller owns; returns the release if it was the last.
+    /// Drops a hold of `kind` the caller owns; returns the release if it was the last.
     #[inline]
-    pub(crate) fn drop_hold(&self, index: usize, gen: u32) -> Option<Released> {
-        match self.slots[index].0.word.drop_hold(gen) {
-            Ok(Step::Released(phase)) => self.release(index, gen, phase),
+    pub(crate) fn drop_hold(&self, index: usize, gen: u32, kind: Hold) -> Option<Released> {
+        match self.slots[index].0.word.drop_hold(gen, kind) {
+            Ok(Step::Released(reason)) => self.release(index, gen, reason),
             Ok(Step::Held) => None,
             // Unreachable for a real hold: a held room cannot be released under it. (Only
             // the test-only `kvfence_naive_release` mutation gets here.)
@@ -680,8 +713,9 @@ impl RoomTable {
             Err(_) => Err(Error::StaleHandle),
             Ok(Cleared::Duplicate) => Ok(Quiesced::Duplicate),
             Ok(Cleared::Bit) => Ok(Quiesced::Recorded),
-            Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen) {
-                Ok(Step::Released(phase)) => Ok(match self.release(index, gen, phase) {
+            Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen, Hold::Writers)
+            {
+                Ok(Step::Released(reason)) => Ok(match self.release(index, gen, reason) {
                     Some(released) => Quiesced::Released(released),
                     None if self.is_rolled_back(index, gen) => Quiesced::Recorded,
                     None => Quiesced::Queued,
@@ -757,21 +791,17 @@ impl RoomTable {
     fn close(&self, handle: RoomHandle, to: Phase) -> Result<Option<Released>, Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
+        let index = handle.index();
         match slot.word.close(gen, to) {
-            Ok(Step::Released(phase)) => Ok(self.release(handle.index(), gen, phase)),
-            Ok(Step::Held) => {
-                // Only this lifecycle's "not closed" value is replaced: a closer that runs
-                // late, after the room was released and reopened, finds the newer opener's
-                // value and changes nothing (an abort of a draining room keeps the time it
-                // began closing).
-                let _ = slot.closed_at.compare_exchange(
-                    tagged(gen, NOT_CLOSED),
-                    tagged(gen, self.now_ms()),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-                Ok(None)
+            Ok(Closed::Released(reason)) => Ok(self.release(index, gen, reason)),
+            Ok(Closed::Stamp) => {
+                // We hold the stamp hold: the room cannot be released (and reopened) before
+                // we drop it, so the time lands in this lifecycle. The drop may release it.
+                self.stamp_closed(index, gen);
+                Ok(self.drop_hold(index, gen, Hold::Stamp))
             }
+            // An abort of a draining room keeps the time it began closing.
+            Ok(Closed::Held) => Ok(None),
             Err(Refusal::Stale) => Err(self.stale()),
             Err(Refusal::Phase(Phase::Aborting)) => Err(Error::AlreadyAborted),
             Err(Refusal::Phase(_)) => Err(Error::AlreadyFinished),
@@ -791,15 +821,6 @@ impl RoomTable {
         } else {
             Phase::Free
         })
-    }
-}
-
-/// The reason a release of a room closed to `phase` reports.
-pub(crate) fn reason_of(phase: Phase, quarantined: bool) -> Reason {
-    match (quarantined, phase) {
-        (true, _) => Reason::Quarantined,
-        (false, Phase::Aborting) => Reason::Aborted,
-        (false, _) => Reason::Finished,
     }
 }
 
