@@ -30,7 +30,8 @@ stale() {
     local ns id
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+(sw|d|p[0-9]+)\$"); do
         id=$(printf '%s' "$ns" | sed -E "s/^${PREFIX}([0-9]+).*/\1/")
-        if ! kill -0 "$id" 2>/dev/null; then
+        # gone, or a zombie (killed -9, not yet reaped): kill -0 would still succeed
+        if [ ! -e "/proc/$id/stat" ] || [ "$(awk '{print $3}' "/proc/$id/stat" 2>/dev/null)" = Z ]; then
             echo "net.sh: removing stale namespace $ns (run $id is gone)" >&2
             down "$id"
         fi
