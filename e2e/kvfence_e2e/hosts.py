@@ -220,7 +220,9 @@ def parse(argv):
     ap.add_argument("--instances", type=int, default=3)
     ap.add_argument("--scale", type=float, default=0.05,
                     help="deadlines scale: SGLang's 30 s ACK wait and 10 s heartbeat death "
-                         "become 30*scale and 10*scale s (default 0.05: 1.5 s, 0.5 s)")
+                         "become 30*scale and 10*scale s (default 0.05: 1.5 s, 0.5 s). "
+                         "clean/lossy (no partition) declare a host dead after 3 s at the "
+                         "least: a shorter deadline declares busy hosts dead on a loaded box")
     ap.add_argument("--cut-at", type=float, default=None, help="partition: second of the cut "
                     "(default duration*0.3)")
     ap.add_argument("--cut-s", type=float, default=None,
@@ -267,12 +269,14 @@ def hosts_cfg(a):
                          for i in range(a.instances)]}
 
 
-def base_cfg(a, **kw):
+def base_cfg(a, dead_after_s=None, **kw):
     c = dict(seed=a.seed, duration=a.duration, instances=a.instances, ranks_per_instance=2,
              pages=192, page_size=32768, pages_per_request=8, max_inflight=16,
              abort_share=0.3, abort_max_ms=20.0, slow_share=0.3, delay_ms=80.0,
              fail_share=a.fail_share, decode_ms=40.0, kill_at=a.duration * 0.4,
              scale=a.scale, hosts=hosts_cfg(a))
+    if dead_after_s is not None:
+        c["hosts"]["dead_after_s"] = dead_after_s
     c.update(kw)
     return SimpleNamespace(**c)
 
@@ -298,13 +302,13 @@ def run_one(a, scenario, rule, rnd):
         cfg = base_cfg(a, kill_at=None, fail_share=0.0, slow_share=0.5)
         tick = Partition(a.cut_at, a.cut_s)
     elif scenario == "lossy":
-        cfg = base_cfg(a)
+        cfg = base_cfg(a, dead_after_s=max(3.0, 10.0 * a.scale))
         tick = Lossy(1, a)
     elif scenario == "teardown":
         cfg = base_cfg(a, kill_at=None, fail_share=a.teardown_fail_share)
         tick = None
     else:
-        cfg = base_cfg(a)
+        cfg = base_cfg(a, dead_after_s=max(3.0, 10.0 * a.scale))
         tick = None
     cfg.seed = a.seed + rnd
     r = decode.run_mixed(cfg, rule, tick=tick)
