@@ -5,6 +5,10 @@ a freed page is reused at once); a kvfence RoomTable in gate mode with release_q
 (rule kvfence) or SGLang-style bookkeeping (the other rules); an ACK receiver thread per
 control connection; a scheduler loop (the caller's thread) that drains releases and only
 then frees pages.
+
+hosts mode (cfg.hosts, e2e/run hosts, kvfence_e2e/hosts.py): this process runs on the
+decode host; a Mooncake engine per prefill incarnation; heartbeats and a deadline; a dead
+or reset peer is fenced only after its transport's proven teardown (hosts.DecodeNet).
 """
 from __future__ import annotations
 

@@ -10,6 +10,12 @@ Every chunk write is guarded:
   unknown) keeps the room held, so no ACK is sent (the decode waits for a fence).
 * other rules: SGLang's scheme: an outstanding counter and an aborted flag under a lock; a
   failed write counts as finished; the last finished write of an aborted request ACKs.
+
+On a host of its own (e2e/run hosts): --ip, --ctl-host, heartbeats (--hb-ms), the session
+named by the decode's WELCOME, and RESET (kvfence, after a -1): a new Mooncake engine to
+the new session the decode names; every chunk carries the transport generation it was
+started under, and one of an older generation is dropped, never submitted; READY once
+switched.
 """
 from __future__ import annotations
 
@@ -167,8 +173,7 @@ class Rank:
 
     # ---- transport: submits (after the throttle delay) and polls Mooncake ----
     def transport(self):
-        eng, sess = self.p.engine, self.p.session
-        inflight = []  # (transfer ids, item)
+        inflight = []  # (transfer ids, item, the engine they were submitted on)
         orphans = []  # ids still pending after their chunk was reported failed
         while True:
             now = time.monotonic()
