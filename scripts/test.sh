@@ -46,6 +46,9 @@ bash scripts/python.sh --mutations
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
 bash e2e/ci.sh
 
+step "end to end on separate hosts: network namespaces, a partition that heals, a -1 recovered (NOTICE where namespaces cannot be made)"
+bash e2e/hosts/ci.sh
+
 step "C ABI (ffi/): header fresh, C/C++ tests, ASan+UBSan, TSan, valgrind"
 bash ffi/ci.sh
 
