@@ -265,6 +265,16 @@ class Prefill:
             return self.send(cmd)
         if op == "events":
             return {"ok": True, "events": self.events.get(cmd["room"], {})}
+        if op == "unblacklist":
+            # After a -1, SGLang blacklists the decode's Mooncake session (its failed-session
+            # probe, off here, would lift it later); lift it now for the next scenario.
+            for sid in list(self.mgr.failed_sessions):
+                self.mgr._unblacklist_session(sid)
+            return {"ok": True}
+        if op == "set_flag":
+            # What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE sets at __init__.
+            self.mgr.enable_deferred_decode_kv_release = bool(cmd["value"])
+            return {"ok": True}
         if op == "health":
             self.health_ok = bool(cmd["ok"])
             return {"ok": True}
@@ -321,6 +331,10 @@ class Decode:
         self.queue._clean_hicache_prefetch_resources = lambda decode_req: None
         self.dec = dec
         self.reqs: Dict[str, Any] = {}
+        # Requests whose pages left SGLang without a release (kvfence quarantined them):
+        # out of circulation; the harness recycles them between runs (reset_quarantined),
+        # which is safe only because it knows the forced write has ended by then.
+        self.quarantined: List[Any] = []
 
     def connect(self, addr: str) -> Dict[str, Any]:
         deadline = time.time() + 60
@@ -405,6 +419,9 @@ class Decode:
         if r2:
             self.free.extend(r2)
         held = [e[0].req.rid for e in self.queue._deferred_releases]
+        in_queue = any(q is dreq for q in self.queue.queue)
+        if req.released_at is None and not in_queue and req.rid not in held and req.kv_pages:
+            self.quarantined.append(dreq)
         return {"ok": True, "released_after": (req.released_at - t0) if req.released_at else None,
                 "r2_after": (r2_at - t0) if r2_at else None, "r2_bad_pages": bad,
                 "r2_reused_r1_pages": overlap, "still_held": held,
@@ -425,6 +442,7 @@ class Decode:
                 "held_pages": sum(len(e[0].req.kv_pages) for e in self.queue._deferred_releases),
                 "queue": [q.req.rid for q in self.queue.queue],
                 "meta_free": self.meta_alloc.available_size(),
+                "quarantined_kv_pages": sum(len(d.req.kv_pages) for d in self.quarantined),
                 "kvfence": kvfence_state()}
 
     def handle(self, cmd: Dict[str, Any]) -> Dict[str, Any]:
@@ -441,6 +459,14 @@ class Decode:
             return self.settle(cmd)
         if op == "state":
             return self.state()
+        if op == "reset_quarantined":
+            for d in self.quarantined:
+                self.free.extend(d.req.kv_pages)
+                d.req.kv_pages = []
+                self.meta.clear_slot(d.metadata_buffer_index)
+                self.meta_alloc.free(d.metadata_buffer_index)
+            self.quarantined = []
+            return {"ok": True}
         if op == "set":
             # Scenario knobs, set the way SGLang reads them (attributes of the queue
             # and manager that __init__ fills from the environment).

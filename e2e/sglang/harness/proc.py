@@ -21,9 +21,10 @@ BASE_ENV = {
     "SGLANG_ENABLE_FAILED_SESSION_PROBE": "0",
     "SGLANG_DISAGGREGATION_QUEUE_SIZE": "1",
     "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE": "1",
-    # Heartbeat scaled down from 5 s x 2 misses to 0.3 s x 2 (the same code path).
-    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.3",
-    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
+    # Heartbeat scaled down from 5 s x 2 misses to SGLang's minimum, 2 s x 1 miss (the
+    # same code path).
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2.0",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
     "GLOG_minloglevel": "3",
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_NUM_THREADS": "1",

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -64,6 +65,7 @@ class RoomRecord:
     held_pages: int
     endpoints: List[Tuple[str, int]]
     opened_at: float
+    rank_of: Dict[int, int] = field(default_factory=dict)  # SGLang prefill rank -> kvfence id
     aborted_at: Optional[float] = None
 
 
@@ -83,6 +85,7 @@ class DecodeGate:
     quarantined_pages: int = 0
     ignored_acks: int = 0
     proof: Callable[[str, List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
+    managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
 
     def __hash__(self) -> int:
         return id(self)
@@ -100,7 +103,8 @@ class DecodeGate:
             for tp in receiver.target_tp_ranks
             for pp in receiver.target_pp_ranks
         ]
-        writers = self.ranks.ids(addr, sorted(set(unique)))
+        unique = sorted(set(unique))
+        writers = self.ranks.ids(addr, unique)
         pages = [int(p) for p in kv_indices]
         extra = 0 if aux_index is None else 1
         for s in state_indices or ():
@@ -119,7 +123,8 @@ class DecodeGate:
                      for b in receiver.bootstrap_infos or () if b.get("rank_port")]
         host, _, port = addr.rpartition(":")
         endpoints.append((host, int(port)))
-        rec = RoomRecord(room, addr, writers, len(pages) + extra, endpoints, time.monotonic())
+        rec = RoomRecord(room, addr, writers, len(pages) + extra, endpoints, time.monotonic(),
+                         dict(zip(unique, writers)))
         with self.lock:
             self.records[h] = rec
             self.room_handle[room] = h
@@ -189,7 +194,8 @@ class DecodeGate:
         if generation is None:
             return
         rec = self.records.get(generation)
-        rank = self.ranks.get(rec.addr, prefill_rank) if rec is not None else None
+        # The room's own mapping: the instance may have been retired (heartbeat) since.
+        rank = rec.rank_of.get(prefill_rank) if rec is not None else None
         if rank is None:
             self.ignored_acks += 1
             return
@@ -253,6 +259,7 @@ def _gate(mgr: Any) -> Optional[DecodeGate]:
 def attach(mgr: Any) -> DecodeGate:
     """Attaches a gate to a decode manager (from the wrapped ``__init__``)."""
     gate = DecodeGate(kvfence.RoomTable(_state.config.rooms))
+    gate.managers.add(mgr)
     mgr.__dict__["_kvfence_gate"] = gate
     # Mooncake sends the generation-tagged drain ACK; kvfence needs it whatever
     # SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE says.
@@ -282,6 +289,8 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
         if h is None or gate is None:
             return orig(self, force_arm=force_arm)
         gate.abort(h)
+        # Arm and accept the drain ACK whatever the deferred-release flag says.
+        self.kv_mgr.enable_deferred_decode_kv_release = True
         _tls.handle = h
         try:
             # force_arm: the room exists, so some destinations may be published.
@@ -354,6 +363,9 @@ def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
         # Hold every failed transfer until kvfence releases it, whatever the
         # deferred-release flag says (legacy mode freed at once).
         self.enable_deferred_kv_release = True
+        for gate in list(_state.decode_gates):
+            for mgr in list(gate.managers):
+                mgr.enable_deferred_decode_kv_release = True
         return orig(self, rids_to_check)
     return pop_transferred
 

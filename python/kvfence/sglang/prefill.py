@@ -222,8 +222,11 @@ def _req_write(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _handle_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _handle_abort_notification(self: Any, msg: List[bytes]) -> bool:
-        claimed = orig(self, msg)
         gate = _gate(self)
+        if gate is not None:
+            # The generation-tagged drain ACK, whatever the deferred-release flag says.
+            self.enable_deferred_decode_kv_release = True
+        claimed = orig(self, msg)
         if gate is not None and claimed:
             from sglang.srt.disaggregation.common.conn import AbortNotification
 

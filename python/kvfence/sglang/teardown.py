@@ -104,11 +104,16 @@ def inbound_sockets_from(host: str) -> int:
     mine = _own_socket_inodes()
     rows = _sockets()
     listening = {lport for (_, lport, _, _, st, ino) in rows if st == _LISTEN and ino in mine}
+    # Both ends of a connection this process made to itself (its gloo group, say) are
+    # ours: not the peer's.
+    own_ends = {(lip, lport) for (lip, lport, _, _, st, ino) in rows
+                if ino in mine and st != _LISTEN}
     peers = _resolve(host)
     return sum(
         1
-        for (_, lport, rip, _, st, ino) in rows
-        if ino in mine and st not in (_LISTEN, _TIME_WAIT) and lport in listening and rip in peers
+        for (_, lport, rip, rport, st, ino) in rows
+        if ino in mine and st not in (_LISTEN, _TIME_WAIT) and lport in listening
+        and rip in peers and (rip, rport) not in own_ends
     )
 
 
