@@ -127,7 +127,9 @@ def make_buffers():
 
 
 def fill_pages(kv: List[torch.Tensor], pages: List[int], value: int) -> None:
-    for t in kv:
+    # Last buffer first: Mooncake writes buffer by buffer from the first, so a late
+    # write meets bytes that are already there (the race does not hide behind the fill).
+    for t in reversed(kv):
         v = t.view(PAGES, ITEM)
         v[torch.tensor(pages, dtype=torch.long)] = value
 

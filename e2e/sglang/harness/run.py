@@ -15,7 +15,7 @@ free list, still held, or quarantined (else **lost**)?
 
 Scaled down to keep the run short (same code paths, same race): SGLang's release-anyway
 deadline (30 s) to 0.5 s (10 ms for the 256 MiB write), held writes to 1-2 s, the heartbeat
-to 2 s x 1 miss (SGLang's minimum), the 512 MiB write to 256 MiB, kvfence's quarantine policy to 3 s.
+to 2 s x 1 miss (SGLang's minimum), the 512 MiB write to 256 MiB, kvfence's quarantine policy to 4.5 s.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def wait_event(p: Node, room: int, key: str, timeout: float = 20) -> float:
 class Pair:
     def __init__(self, rule: str, python: str, logdir: str, base: int) -> None:
         self.rule = rule
-        env = {"KVFENCE_SGLANG": "1", "KVFENCE_SGLANG_QUARANTINE_AFTER": "3.0"} \
+        env = {"KVFENCE_SGLANG": "1", "KVFENCE_SGLANG_QUARANTINE_AFTER": "4.5"} \
             if rule == "kvfence" else {"KVFENCE_SGLANG": "0"}
         self.env, self.python, self.logdir = env, python, logdir
         self.bport, self.base = base, base + 1000
@@ -156,7 +156,7 @@ def s_deadline_expired(pp: Pair, run: int) -> Dict[str, Any]:
 def s_write_failed(pp: Pair, run: int) -> Dict[str, Any]:
     # -1 at once while the bytes keep going (land at +1 s); r2 at +1.5 s at the latest.
     try:
-        return race(pp, run, mode="fail", delay=1.0, deadline=0.5, budget=4.0, r2_by=1.5)
+        return race(pp, run, mode="fail", delay=1.0, deadline=0.5, budget=5.5, r2_by=1.5)
     finally:
         pp.p.call(op="unblacklist")
 
@@ -297,7 +297,7 @@ def main(argv: Optional[List[str]] = None) -> int:
            "machine": "2-core dev box, shared/loaded", "sglang": "0.5.23",
            "scaled": {"deadline_s": 0.5, "large_write_deadline_s": 0.01,
                       "large_write_bytes": LARGE * 8 * 8192, "heartbeat": "2 s x 1",
-                      "kvfence_quarantine_after_s": 3.0},
+                      "kvfence_quarantine_after_s": 4.5},
            "results": results}
     if args.json:
         print(json.dumps(doc, indent=1))

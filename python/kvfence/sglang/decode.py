@@ -142,11 +142,20 @@ class DecodeGate:
             pass
 
     def finish(self, h: int) -> None:
-        """``finish`` after a successful transfer (every byte landed)."""
+        """A successful transfer: every writer rank reported Success, which it sends only
+        after its last write (KV, metadata row, state) returned complete: that is each
+        rank's quiescence. ``finish``, then ``quiesce`` every writer: the room is released
+        (reason ``finished``; SGLang keeps the pages for the request)."""
+        rec = self.records.get(h)
         try:
             self.table.finish(h)
         except (kvfence.RoomClosed, kvfence.StaleHandle):
-            pass
+            return
+        for rank in rec.writers if rec is not None else ():
+            try:
+                self.table.quiesce(h, rank)
+            except kvfence.Error:
+                pass
 
     def drain(self) -> None:
         """Takes every release kvfence decided; applies the quarantine policy."""
