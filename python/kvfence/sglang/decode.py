@@ -84,6 +84,7 @@ class DecodeGate:
     quarantined_rooms: int = 0
     quarantined_pages: int = 0
     ignored_acks: int = 0
+    next_policy_scan: float = 0.0
     proof: Callable[[str, List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
     managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
 
@@ -105,7 +106,7 @@ class DecodeGate:
         ]
         unique = sorted(set(unique))
         writers = self.ranks.ids(addr, unique)
-        pages = [int(p) for p in kv_indices]
+        pages = kv_indices.tolist() if hasattr(kv_indices, "tolist") else [int(p) for p in kv_indices]
         extra = 0 if aux_index is None else 1
         for s in state_indices or ():
             extra += len(s) if hasattr(s, "__len__") else 1
@@ -125,9 +126,10 @@ class DecodeGate:
         endpoints.append((host, int(port)))
         rec = RoomRecord(room, addr, writers, len(pages) + extra, endpoints, time.monotonic(),
                          dict(zip(unique, writers)))
-        with self.lock:
-            self.records[h] = rec
-            self.room_handle[room] = h
+        # Single dict operations are atomic under the GIL; every writer of these dicts
+        # runs on the scheduler thread, the ACK and heartbeat threads only read them.
+        self.records[h] = rec
+        self.room_handle[room] = h
         receiver._kvfence_handle = h
         return h
 
@@ -158,23 +160,31 @@ class DecodeGate:
                 pass
 
     def drain(self) -> None:
-        """Takes every release kvfence decided; applies the quarantine policy."""
+        """Takes every release kvfence decided; applies the quarantine policy (its scan
+        runs at most every 0.1 s)."""
         q = _state.config.quarantine_after
         if q is not None and self.records:
             now = time.monotonic()
-            for h, rec in list(self.records.items()):
-                if rec.aborted_at is not None and now - rec.aborted_at >= q and h not in self.decided:
-                    self.quarantine(h, "no ACK and no fence for %.1f s" % (now - rec.aborted_at))
+            if now >= self.next_policy_scan:
+                self.next_policy_scan = now + 0.1
+                for h, rec in list(self.records.items()):
+                    if rec.aborted_at is not None and now - rec.aborted_at >= q \
+                            and h not in self.decided:
+                        self.quarantine(h, "no ACK and no fence for %.1f s"
+                                        % (now - rec.aborted_at))
+        if not self.table.queued_releases():
+            return
+        records, room_handle = self.records, self.room_handle
         for r in self.table.drain_released():
-            with self.lock:
-                rec = self.records.pop(r.handle, None)
-                if rec is not None and self.room_handle.get(rec.room) == r.handle:
-                    if r.reason == "finished":
-                        del self.room_handle[rec.room]
-            if r.reason != "finished":
-                self.decided[r.handle] = r.reason
-                if rec is not None:
-                    self.decided_records[r.handle] = rec
+            h = r.handle
+            rec = records.pop(h, None)
+            if r.reason == "finished":
+                if rec is not None and room_handle.get(rec.room) == h:
+                    del room_handle[rec.room]
+                continue
+            self.decided[h] = r.reason
+            if rec is not None:
+                self.decided_records[h] = rec
 
     def quarantine(self, h: int, why: str) -> None:
         """Takes the room out of circulation for good (its pages are never freed)."""
@@ -342,28 +352,53 @@ def _is_abort_release_safe(orig: Callable[..., Any]) -> Callable[..., Any]:
     return is_abort_release_safe
 
 
+def _single_rank(queue: Any) -> bool:
+    d = queue.__dict__
+    single = d.get("_kvfence_single")
+    if single is None:
+        try:
+            import torch.distributed as dist
+
+            single = dist.get_world_size(queue.gloo_group) == 1
+        except Exception:
+            single = False
+        d["_kvfence_single"] = single
+    return bool(single)
+
+
 def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
     inf = math.inf
 
     def resolve_deferred_releases(self: Any) -> Any:
+        decided = False
         for gate in list(_state.decode_gates):
-            if gate.records or gate.decided or gate.table.queued_releases():
-                gate.drain()
+            gate.drain()
+            decided = decided or bool(gate.decided)
         held = self._deferred_releases
-        if held:
+        if not held:
+            return orig(self)
+        d = self.__dict__
+        if d.get("_kvfence_list") is held:
+            start, ungated = d["_kvfence_checked"], d["_kvfence_ungated"]
+        else:
+            start, ungated = 0, 0
+        for i in range(start, len(held)):
             # Time never releases a page: SGLang's deadline (index 2 of each entry,
-            # "(decode_req, start_time, deadline, metadata_idx, required_acks)") is
-            # made infinite; only kvfence's decision (is_drained) remains.
-            d = self.__dict__
-            start = d.get("_kvfence_checked", 0) if d.get("_kvfence_list") is held else 0
-            for i in range(start, len(held)):
-                e = held[i]
-                if e[2] != inf:
-                    held[i] = (e[0], e[1], inf) + tuple(e[3:])
-        out = orig(self)
-        self.__dict__["_kvfence_list"] = self._deferred_releases
-        self.__dict__["_kvfence_checked"] = len(self._deferred_releases)
-        return out
+            # "(decode_req, start_time, deadline, metadata_idx, required_acks)") is made
+            # infinite; only is_drained (kvfence's decision) remains.
+            e = held[i]
+            if e[2] != inf:
+                held[i] = e = (e[0], e[1], inf) + tuple(e[3:])
+            recv = e[0].kv_receiver
+            if getattr(recv, "__dict__", {}).get("_kvfence_handle") is None:
+                ungated += 1
+        d["_kvfence_list"], d["_kvfence_checked"], d["_kvfence_ungated"] = held, len(held), ungated
+        if not decided and ungated == 0 and _single_rank(self):
+            # Every held entry is a kvfence room and kvfence released none since the last
+            # call: SGLang's scan would release nothing. (With more than one attention-TP
+            # rank the scan always runs: its all_reduce_flags must run on every rank.)
+            return None
+        return orig(self)
     return resolve_deferred_releases
 
 
@@ -388,9 +423,8 @@ def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self, decode_req, idx)
         reason = gate.decided.pop(h, None)
         rec = gate.decided_records.pop(h, None)
-        with gate.lock:
-            if rec is not None and gate.room_handle.get(rec.room) == h:
-                del gate.room_handle[rec.room]
+        if rec is not None and gate.room_handle.get(rec.room) == h:
+            del gate.room_handle[rec.room]
         if reason == "quarantined":
             # Never reused: neither the KV pages nor the metadata slot go back. Only the
             # receiver's bookkeeping is ended, as _do_release would.

@@ -49,6 +49,7 @@ class PrefillGate:
     peers: RankRegistry = field(default_factory=RankRegistry)
     room_handle: Dict[int, int] = field(default_factory=dict)  # bootstrap_room -> handle
     lock: threading.Lock = field(default_factory=threading.Lock)
+    peer_ids: Dict[str, int] = field(default_factory=dict)
     refused_chunks: int = 0
     failed_transfers: int = 0
     quarantined_rooms: int = 0
@@ -72,7 +73,9 @@ class PrefillGate:
         h = self.room_handle.get(room) if room is not None else None
         if h is None:
             return fn()
-        peer = self.peers.ids(session_id, [0])[0]
+        peer = self.peer_ids.get(session_id)
+        if peer is None:
+            peer = self.peer_ids[session_id] = self.peers.ids(session_id, [0])[0]
         try:
             t = self.table.begin_transfer(h, peer)
         except (kvfence.RoomClosed, kvfence.StaleHandle):
@@ -129,6 +132,8 @@ class PrefillGate:
 
     def pump(self, mgr: Any) -> None:
         """Takes kvfence's releases; each released room may now be ACKed."""
+        if not self.table.queued_releases():
+            return
         for r in self.table.drain_released():
             room = int(r.token)
             with self.lock:
