@@ -44,6 +44,9 @@ bash scripts/python.sh --mutations
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
 bash e2e/ci.sh
 
+step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
+bash e2e/sglang/ci.sh
+
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else

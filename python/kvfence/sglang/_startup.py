@@ -35,7 +35,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
-        orig_exec = loader.exec_module  # type: ignore[attr-defined]
+        orig_exec = loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             orig_exec(module)
@@ -43,7 +43,7 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
             sglang.install()
 
-        loader.exec_module = exec_module  # type: ignore[attr-defined]
+        setattr(loader, "exec_module", exec_module)
         return spec
 
 

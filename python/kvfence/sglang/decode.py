@@ -177,14 +177,14 @@ class DecodeGate:
         records, room_handle = self.records, self.room_handle
         for r in self.table.drain_released():
             h = r.handle
-            rec = records.pop(h, None)
+            got = records.pop(h, None)
             if r.reason == "finished":
-                if rec is not None and room_handle.get(rec.room) == h:
-                    del room_handle[rec.room]
+                if got is not None and room_handle.get(got.room) == h:
+                    del room_handle[got.room]
                 continue
             self.decided[h] = r.reason
-            if rec is not None:
-                self.decided_records[h] = rec
+            if got is not None:
+                self.decided_records[h] = got
 
     def quarantine(self, h: int, why: str) -> None:
         """Takes the room out of circulation for good (its pages are never freed)."""
@@ -322,9 +322,9 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any]:
     def register_deferred_abort_room(self: Any, bootstrap_room: int) -> int:
         generation = orig(self, bootstrap_room)
-        h = getattr(_tls, "handle", None)
+        h: Optional[int] = getattr(_tls, "handle", None)
         if h is None:
-            return generation
+            return int(generation)
         # The wire generation is the room's kvfence handle: the ACK brings it back.
         self._deferred_abort_ack_tracker[bootstrap_room].generation = h
         return h

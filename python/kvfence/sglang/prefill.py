@@ -248,7 +248,8 @@ def _maybe_ack_drained_abort(orig: Callable[..., Any]) -> Callable[..., Any]:
         gate = _gate(self)
         if gate is not None and gate.holds_ack(room):
             return None
-        return orig(self, room)
+        orig(self, room)
+        return None
     return _maybe_ack_drained_abort
 
 
