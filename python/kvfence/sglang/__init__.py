@@ -154,7 +154,7 @@ def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator") -> i
     (:mod:`kvfence.sglang.teardown`)."""
     total = 0
     for g in list(_state.decode_gates):
-        ranks = g.ranks.retire(bootstrap_addr)
+        ranks = g.retire(bootstrap_addr)
         if ranks:
             total += g.fence(bootstrap_addr, ranks, why)
     return total

@@ -55,7 +55,7 @@ __all__ = ["DecodeGate", "RoomRecord", "patches"]
 _tls = threading.local()
 
 
-@dataclass
+@dataclass(slots=True)
 class RoomRecord:
     """What the gate knows of one open room."""
 
@@ -63,7 +63,7 @@ class RoomRecord:
     addr: str
     writers: List[int]
     held_pages: int
-    endpoints: List[Tuple[str, int]]
+    infos: Any  # the receiver's bootstrap_infos (rank_ip, rank_port of each writer)
     opened_at: float
     rank_of: Dict[int, int] = field(default_factory=dict)  # SGLang prefill rank -> kvfence id
     aborted_at: Optional[float] = None
@@ -79,6 +79,7 @@ class DecodeGate:
     room_handle: Dict[int, int] = field(default_factory=dict)  # bootstrap_room -> handle
     decided: Dict[int, str] = field(default_factory=dict)  # handle -> release reason
     decided_records: Dict[int, RoomRecord] = field(default_factory=dict)
+    writer_cache: Dict[Any, Tuple[List[int], Dict[int, int]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     fenced_ranks: int = 0
     quarantined_rooms: int = 0
@@ -98,14 +99,21 @@ class DecodeGate:
         sent) if kvfence refuses it."""
         addr = receiver.bootstrap_addr
         info = receiver.prefill_info
-        unique = [
-            tp * (info.pp_size * info.attn_cp_size) + pp * info.attn_cp_size + cp
-            for cp in receiver.target_cp_ranks
-            for tp in receiver.target_tp_ranks
-            for pp in receiver.target_pp_ranks
-        ]
-        unique = sorted(set(unique))
-        writers = self.ranks.ids(addr, unique)
+        key = (addr, id(info), tuple(receiver.target_cp_ranks), tuple(receiver.target_tp_ranks),
+               tuple(receiver.target_pp_ranks))
+        cached = self.writer_cache.get(key)
+        if cached is None:
+            # The writers: every prefill rank the destinations go to, as its ACK names it
+            # (_prefill_unique_rank = attn_tp_rank*(pp*cp) + pp_rank*cp + cp_rank).
+            unique = sorted({
+                tp * (info.pp_size * info.attn_cp_size) + pp * info.attn_cp_size + cp
+                for cp in receiver.target_cp_ranks
+                for tp in receiver.target_tp_ranks
+                for pp in receiver.target_pp_ranks
+            })
+            ids = self.ranks.ids(addr, unique)
+            cached = self.writer_cache[key] = (ids, dict(zip(unique, ids)))
+        writers, rank_of = cached
         pages = kv_indices.tolist() if hasattr(kv_indices, "tolist") else [int(p) for p in kv_indices]
         extra = 0 if aux_index is None else 1
         for s in state_indices or ():
@@ -120,12 +128,8 @@ class DecodeGate:
 
             mgr.update_status(room, KVPoll.Failed)
             return None
-        endpoints = [(str(b.get("rank_ip")), int(b.get("rank_port")))
-                     for b in receiver.bootstrap_infos or () if b.get("rank_port")]
-        host, _, port = addr.rpartition(":")
-        endpoints.append((host, int(port)))
-        rec = RoomRecord(room, addr, writers, len(pages) + extra, endpoints, time.monotonic(),
-                         dict(zip(unique, writers)))
+        rec = RoomRecord(room, addr, writers, len(pages) + extra, receiver.bootstrap_infos,
+                         time.monotonic(), rank_of)
         # Single dict operations are atomic under the GIL; every writer of these dicts
         # runs on the scheduler thread, the ACK and heartbeat threads only read them.
         self.records[h] = rec
@@ -227,17 +231,16 @@ class DecodeGate:
     def node_failed(self, addr: str) -> None:
         """The heartbeat declared ``addr`` dead: fence its ranks once its transport is
         proven torn down (a thread polls the proof; a live prefill is never fenced)."""
-        with self.lock:
-            eps: Set[Tuple[str, int]] = set()
-            for rec in self.records.values():
-                if rec.addr == addr:
-                    eps.update(rec.endpoints)
-        ranks = self.ranks.retire(addr)  # a returning instance gets new ids
+        host, _, port = addr.rpartition(":")
+        eps: Set[Tuple[str, int]] = {(host, int(port))}
+        for rec in list(self.records.values()):
+            if rec.addr == addr:
+                for b in rec.infos or ():
+                    if b.get("rank_port"):
+                        eps.add((str(b.get("rank_ip")), int(b.get("rank_port"))))
+        ranks = self.retire(addr)
         if not ranks:
             return
-        host = addr.rpartition(":")[0]
-        if not eps:
-            eps.add((host, int(addr.rpartition(":")[2])))
 
         def fence_when_torn_down() -> None:
             t0 = time.monotonic()
@@ -255,6 +258,13 @@ class DecodeGate:
 
         threading.Thread(target=fence_when_torn_down, name="kvfence-fence-%s" % addr,
                          daemon=True).start()
+
+    def retire(self, addr: str) -> List[int]:
+        """Forgets the kvfence ids of the instance at ``addr`` (returned: to be fenced); a
+        returning instance gets new ones."""
+        for k in [k for k in list(self.writer_cache) if k[0] == addr]:
+            self.writer_cache.pop(k, None)
+        return self.ranks.retire(addr)
 
     def fence(self, addr: str, ranks: List[int], why: str) -> int:
         """Fences ``ranks`` (of ``addr``); returns how many rooms that released."""
