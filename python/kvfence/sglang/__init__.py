@@ -72,7 +72,7 @@ def _sglang_version() -> str:
 def _manager_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         orig(self, *a, **kw)
-        from sglang.srt.disaggregation.utils import DisaggregationMode
+        from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
         from . import decode, prefill
 
@@ -110,7 +110,7 @@ def install(config: Optional[Config] = None) -> None:
                 "kvfence.sglang supports SGLang %s only; the installed SGLang is %s. "
                 "Nothing was changed." % (" / ".join(SUPPORTED_SGLANG), found))
         cfg = config if config is not None else Config.from_env()
-        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
         from . import decode, prefill
 

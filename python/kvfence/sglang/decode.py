@@ -124,7 +124,7 @@ class DecodeGate:
         except kvfence.Error as e:
             mgr = receiver.kv_mgr
             mgr.record_failure(room, "kvfence refused the room: %s" % e)
-            from sglang.srt.disaggregation.base.conn import KVPoll
+            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
             mgr.update_status(room, KVPoll.Failed)
             return None
@@ -367,7 +367,7 @@ def _single_rank(queue: Any) -> bool:
     single = d.get("_kvfence_single")
     if single is None:
         try:
-            import torch.distributed as dist
+            import torch.distributed as dist  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
             single = dist.get_world_size(queue.gloo_group) == 1
         except Exception:
@@ -453,7 +453,7 @@ def _clear(orig: Callable[..., Any]) -> Callable[..., Any]:
         status = self.kv_mgr.request_status.get(self.bootstrap_room) if gate else None
         out = orig(self)
         if gate is not None and h is not None:
-            from sglang.srt.disaggregation.base.conn import KVPoll
+            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
             if status == KVPoll.Success and gate.records.get(h) is not None \
                     and gate.records[h].aborted_at is None:
@@ -474,8 +474,8 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """The decode-side wrappers, as ``(class, method, make_wrapper)``."""
-    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
-    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     return [
         (CommonKVReceiver, "send_metadata", _send_metadata),

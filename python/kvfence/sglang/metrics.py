@@ -72,7 +72,7 @@ def register() -> bool:
     if _collector is not None:
         return True
     try:
-        from prometheus_client.core import (
+        from prometheus_client.core import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
             REGISTRY,
             CounterMetricFamily,
             GaugeMetricFamily,
@@ -99,7 +99,7 @@ def unregister() -> None:
     global _collector
     if _collector is None:
         return
-    from prometheus_client.core import REGISTRY
+    from prometheus_client.core import REGISTRY  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     try:
         REGISTRY.unregister(_collector)

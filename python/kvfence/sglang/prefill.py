@@ -233,7 +233,7 @@ def _handle_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
             self.enable_deferred_decode_kv_release = True
         claimed = orig(self, msg)
         if gate is not None and claimed:
-            from sglang.srt.disaggregation.common.conn import AbortNotification
+            from sglang.srt.disaggregation.common.conn import AbortNotification  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
             n = AbortNotification.from_zmq(msg)
             if n is not None:
@@ -255,8 +255,8 @@ def _maybe_ack_drained_abort(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """The prefill-side wrappers, as ``(class, method, make_wrapper)``."""
-    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender
-    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     return [
         (CommonKVSender, "__init__", _sender_init),
