@@ -312,10 +312,17 @@ class Decode:
         self.meta_alloc = ReqToMetadataIdxAllocator(META_SLOTS)
         node = self
 
+        leak = os.environ.get("E2E_MUTATION") == "leak_release"
+
         def release_kv_cache(req, tree_cache, checkpoint=False, **kw):
             # SGLang's real free point, pointed at the harness's allocator.
             pages = getattr(req, "kv_pages", None)
-            if pages:
+            if pages and leak:
+                # Test-only mutation: the pages vanish (neither freed nor held): the
+                # driver's lost-pages check must see them.
+                req.kv_pages = []
+                req.released_at = time.time()
+            elif pages:
                 node.free.extend(pages)
                 req.kv_pages = []
                 req.released_at = time.time()
