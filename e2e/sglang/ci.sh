@@ -33,10 +33,14 @@ venv=$("$here/setup.sh" --print)
 e2e_rc=$?
 "$venv/bin/python" "$here/unit/run.py" --python "$venv/bin/python" > "$out/unit.txt" 2>&1
 unit_rc=$?
+# kvfence.sglang's own tests, in the SGLang environment (install/uninstall on the real SGLang).
+(cd "$here/../../python" && KVFENCE_SGLANG=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/test_sglang_adapter.py) > "$out/adapter.txt" 2>&1
+adapter_rc=$?
 
-"$venv/bin/python" - "$out" "$e2e_rc" "$unit_rc" <<'PY'
+"$venv/bin/python" - "$out" "$e2e_rc" "$unit_rc" "$adapter_rc" <<'PY'
 import json, re, sys
-out, e2e_rc, unit_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, e2e_rc, unit_rc, adapter_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 passed = failed = 0
 def check(name, ok, detail=""):
     global passed, failed
@@ -76,6 +80,9 @@ else:
     check("SGLang's unit tests as expected (stock all pass; kvfence all but the 3 timeout-release ones)",
           unit_rc == 0 and m is not None and m.group(2) == "0",
           m.group(0) if m else "rc=%d\n%s" % (unit_rc, u[-3000:]))
+a = open(out + "/adapter.txt").read()
+check("kvfence.sglang's own tests (python/tests/test_sglang_adapter.py)", adapter_rc == 0,
+      (a.strip().splitlines() or ["no output"])[-1] if adapter_rc == 0 else a[-3000:])
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)
 PY

@@ -146,3 +146,27 @@ def test_snapshot_without_managers():
     assert s["installed"] is False and s["decode"] == [] and s["prefill"] == []
     assert set(s["metrics"]) >= {"held_pages", "overdue_rooms", "fenced_ranks",
                                  "quarantined_rooms", "quarantined_pages"}
+
+
+def test_install_uninstall_on_the_real_sglang(monkeypatch):
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+
+    if ks.installed():
+        pytest.skip("installed by the start-up hook in this process")
+    before = {(c, n): c.__dict__[n] for c, n in [
+        (CommonKVReceiver, "send_metadata"), (CommonKVManager, "note_abort_ack"),
+        (DecodeTransferQueue, "resolve_deferred_releases")]}
+    ks.install()
+    try:
+        ks.install()  # idempotent
+        assert ks.installed()
+        for (c, n), f in before.items():
+            assert c.__dict__[n] is not f
+            assert c.__dict__[n].__kvfence_original__ is f
+    finally:
+        ks.uninstall()
+    assert not ks.installed()
+    for (c, n), f in before.items():
+        assert c.__dict__[n] is f
