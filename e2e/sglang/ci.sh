@@ -33,8 +33,10 @@ venv=$("$here/setup.sh" --print)
 e2e_rc=$?
 "$venv/bin/python" "$here/unit/run.py" --python "$venv/bin/python" > "$out/unit.txt" 2>&1
 unit_rc=$?
-# kvfence.sglang's own tests, in the SGLang environment (install/uninstall on the real SGLang).
-(cd "$here/../../python" && KVFENCE_SGLANG=0 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+# kvfence.sglang's own tests, in the SGLang environment (install/uninstall on the real SGLang);
+# the pytest entry point, not `python -m pytest`, so that python/ cannot shadow the
+# installed package.
+(cd "$here/../../python" && KVFENCE_SGLANG=0 "$venv/bin/pytest" -q -p no:cacheprovider \
     tests/test_sglang_adapter.py) > "$out/adapter.txt" 2>&1
 adapter_rc=$?
 
