@@ -170,3 +170,19 @@ def test_install_uninstall_on_the_real_sglang(monkeypatch):
     assert not ks.installed()
     for (c, n), f in before.items():
         assert c.__dict__[n] is f
+
+
+def test_metrics_are_exported_through_prometheus_client():
+    prom = pytest.importorskip("prometheus_client")
+    from kvfence.sglang import metrics
+
+    assert metrics.register() and metrics.register()  # idempotent
+    try:
+        text = prom.generate_latest().decode()
+        for name in ("kvfence_sglang_held_pages", "kvfence_sglang_overdue_rooms",
+                     "kvfence_sglang_fenced_ranks_total", "kvfence_sglang_quarantined_rooms_total",
+                     "kvfence_sglang_quarantined_pages_total"):
+            assert name + " " in text, name
+    finally:
+        metrics.unregister()
+    assert "kvfence_sglang_held_pages" not in prom.generate_latest().decode()

@@ -66,29 +66,33 @@ _HELP = {
 }
 
 
+class _Collector:
+    """The prometheus_client collector: reads :func:`values` at each scrape."""
+
+    def collect(self) -> Iterator[Any]:
+        """One metric family per value."""
+        from prometheus_client.core import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            CounterMetricFamily,
+            GaugeMetricFamily,
+        )
+
+        for key, value in values().items():
+            kind, doc = _HELP[key]
+            if kind == "gauge":
+                yield GaugeMetricFamily("kvfence_sglang_" + key, doc, value=value)
+            else:
+                yield CounterMetricFamily("kvfence_sglang_" + key, doc, value=value)
+
+
 def register() -> bool:
     """Registers the collector (once); ``False`` if ``prometheus_client`` is missing."""
     global _collector
     if _collector is not None:
         return True
     try:
-        from prometheus_client.core import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
-            REGISTRY,
-            CounterMetricFamily,
-            GaugeMetricFamily,
-        )
+        from prometheus_client.core import REGISTRY  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
         return False
-
-    class _Collector:
-        def collect(self) -> Iterator[Any]:
-            for key, value in values().items():
-                kind, doc = _HELP[key]
-                if kind == "gauge":
-                    yield GaugeMetricFamily("kvfence_sglang_" + key, doc, value=value)
-                else:
-                    yield CounterMetricFamily("kvfence_sglang_" + key, doc, value=value)
-
     _collector = _Collector()
     REGISTRY.register(_collector)
     return True
