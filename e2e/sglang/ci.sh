@@ -68,6 +68,10 @@ if d:
                   "%d/%d runs" % (r["corrupted_runs"], r["runs"]))
         else:
             check(tag + ": stock intact (not a racing scenario)", r["corrupted_runs"] == 0)
+    r = rows.get(("chunk_after_check", "kvfence"))
+    check("chunk_after_check/kvfence: the prefill refused the aborted room's chunk",
+          r is not None and r["refused_chunks"] >= r["runs"],
+          "%s refused" % (r["refused_chunks"] if r else "?"))
     for rule in ("stock", "kvfence"):
         check("normal path byte-exact (%s)" % rule, ("normal", rule) in rows
               and rows[("normal", rule)]["corrupted_runs"] == 0)

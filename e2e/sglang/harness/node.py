@@ -10,7 +10,9 @@ except what a test harness must own:
   harness's allocator, a LIFO free list, so a released page goes to the next request;
 * prefill: ``MooncakeTransferEngine.batch_transfer_sync`` is wrapped to *force* the
   scenario's timing: hold a write (it still lands, later), or return -1 while the bytes
-  keep going (what Mooncake does on its own wall-clock timeout).
+  keep going (what Mooncake does on its own wall-clock timeout); and
+  ``_get_dsa_cache_transfer_skip_flags`` (called between the worker's "room Failed?" check
+  and the write) to hold that window open once, so that an ABORT lands inside it.
 
 With ``KVFENCE_SGLANG=1`` in the environment the ``kvfence_sglang.pth`` start-up hook
 (or ``kvfence-sglang-run``) installs ``kvfence.sglang`` before anything here runs; the
@@ -200,6 +202,20 @@ class Prefill:
             return rc
 
         mte.MooncakeTransferEngine.batch_transfer_sync = forced_batch_transfer_sync
+        # A window between the worker's "room Failed?" check and the write: the worker
+        # calls _get_dsa_cache_transfer_skip_flags right before send_kvcache. Held once
+        # when armed (op "send" with pre_hold), so an ABORT lands inside it.
+        self.pre_hold: Optional[Dict[str, Any]] = None
+        orig_flags = MooncakeKVManager._get_dsa_cache_transfer_skip_flags
+
+        def skip_flags(mgr, info):
+            plan, node.pre_hold = node.pre_hold, None
+            if plan is not None:
+                node.events.setdefault(plan["room"], {})["write_started"] = time.time()
+                time.sleep(plan["delay"])
+            return orig_flags(mgr, info)
+
+        MooncakeKVManager._get_dsa_cache_transfer_skip_flags = skip_flags
         self._patch_health()
 
     def _patch_health(self) -> None:
@@ -247,6 +263,8 @@ class Prefill:
         else:
             self.forced.pop(src, None)
         self.events[room] = {}
+        if cmd.get("pre_hold"):
+            self.pre_hold = {"room": room, "delay": cmd["pre_hold"]}
         sender = MooncakeKVSender(self.mgr, self.addr, room)
         self.senders[room] = sender
         deadline = time.time() + 20

@@ -149,6 +149,24 @@ def s_queued_chunk(pp: Pair, run: int) -> Dict[str, Any]:
     return out
 
 
+def s_chunk_after_check(pp: Pair, run: int) -> Dict[str, Any]:
+    # The ABORT lands after the worker dequeued the chunk and checked the room, before
+    # the write: stock writes it anyway (and waits for it); kvfence refuses it.
+    pp.knobs(30.0)
+    room = pp.next_room()
+    r1 = pp.d.call(op="open", addr=pp.addr, room=room, pages=SMALL, rid="r1-%d" % room)
+    before = pp.p.call(op="state")["kvfence"]
+    pp.p.call(op="send", room=room, pages=SMALL, src_start=0, pattern=0xA0 | (run % 16),
+              aux=1, pre_hold=1.0)
+    wait_event(pp.p, room, "write_started")
+    out = pp.d.call(op="abort_and_reuse", rid="r1-%d" % room, budget=2.0,
+                    r2_pattern=0x50 | (run % 16), r1_pages=r1["pages"], r2_by=2.0)
+    after = pp.p.call(op="state")["kvfence"]
+    refused = lambda k: sum(g["refused_chunks"] for g in k.get("prefill", []))  # noqa: E731
+    out["refused_chunks"] = refused(after) - refused(before)
+    return out
+
+
 def s_deadline_expired(pp: Pair, run: int) -> Dict[str, Any]:
     return race(pp, run, mode="hold", delay=1.5, deadline=0.5, budget=2.5)
 
@@ -196,6 +214,8 @@ SCENARIOS = [
     Scenario("normal", False, "transfer completes; bytes and metadata row exact", s_normal),
     Scenario("inflight_drained", False, "write in flight 1 s, deadline 30 s", s_inflight_drained),
     Scenario("queued_chunk", False, "R1's chunk queued behind another request's", s_queued_chunk),
+    Scenario("chunk_after_check", False, "ABORT between the worker's check and its write",
+             s_chunk_after_check),
     Scenario("deadline_expired", True, "write in flight 1.5 s, deadline 0.5 s", s_deadline_expired),
     Scenario("write_failed", True, "-1 while the bytes keep going (+1 s)", s_write_failed),
     Scenario("deferred_off", True, "deferred release switched off", s_deferred_off),
@@ -238,6 +258,7 @@ def run_rule(rule: str, args: argparse.Namespace, python: str, logdir: str, base
                     or out.get("r0_bad_pages", 0) > 0
                 lost = acc["total"] - acc["free"] - acc["held_pages"] - acc["quarantined_kv_pages"]
                 rows.append({"corrupted": corrupted, "lost_pages": lost,
+                             "refused_chunks": out.get("refused_chunks", 0),
                              "held_pages_at_end": acc["held_pages"],
                              "quarantined_pages": acc["quarantined_kv_pages"],
                              "released_after": out.get("released_after"),
@@ -256,6 +277,7 @@ def run_rule(rule: str, args: argparse.Namespace, python: str, logdir: str, base
                 "lost_pages": sum(r["lost_pages"] for r in rows),
                 "held_pages_at_end": rows[-1]["held_pages_at_end"] if rows else 0,
                 "quarantined_pages": sum(r["quarantined_pages"] for r in rows),
+                "refused_chunks": sum(r["refused_chunks"] for r in rows),
                 "released_after_median_s": statistics.median(rel) if rel else None,
                 "rows": rows if args.verbose else None,
             })

@@ -49,6 +49,10 @@ class PrefillGate:
     peers: RankRegistry = field(default_factory=RankRegistry)
     room_handle: Dict[int, int] = field(default_factory=dict)  # bootstrap_room -> handle
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Released lifecycles (handle -> reason). A room's mapping outlives its release, so a
+    # chunk that passed SGLang's "room Failed?" check just before the ABORT is still
+    # refused (StaleHandle) instead of being written ungated.
+    released: Dict[int, str] = field(default_factory=dict)
     peer_ids: Dict[str, int] = field(default_factory=dict)
     refused_chunks: int = 0
     failed_transfers: int = 0
@@ -64,9 +68,23 @@ class PrefillGate:
         except kvfence.Error as e:
             logger.error("kvfence: cannot open prefill room %s: %s", room, e)
             return None
-        with self.lock:
-            self.room_handle[room] = h
+        old = self.room_handle.get(room)
+        self.room_handle[room] = h
+        if old is not None:
+            self.released.pop(old, None)
+        if len(self.room_handle) > 2 * self.table.rooms:
+            self._prune()
         return h
+
+    def _prune(self) -> None:
+        """Forgets the oldest released lifecycles (bounded memory)."""
+        with self.lock:
+            for room, h in list(self.room_handle.items()):
+                if len(self.room_handle) <= self.table.rooms:
+                    break
+                if h in self.released:
+                    del self.room_handle[room]
+                    del self.released[h]
 
     def write(self, room: Optional[int], session_id: str, fn: Callable[[], int]) -> int:
         """Runs one write under a transfer on ``room``'s kvfence room."""
@@ -111,7 +129,7 @@ class PrefillGate:
         """The sender is done with ``room``: finish it, or quarantine it if a write of it
         failed (it can never be proven drained: no ACK will be sent)."""
         h = self.room_handle.get(room)
-        if h is None:
+        if h is None or h in self.released:
             return
         try:
             if self.table.room_status(h).get("failed", 0):
@@ -127,8 +145,13 @@ class PrefillGate:
             logger.error("kvfence: closing prefill room %s: %s", room, e)
 
     def holds_ack(self, room: int) -> bool:
-        """Whether the drain ACK of ``room`` must wait (its kvfence room is not released)."""
-        return room in self.room_handle
+        """Whether the drain ACK of ``room`` must wait: its kvfence room is not released,
+        or it was quarantined (a write of it failed: never ACKed)."""
+        h = self.room_handle.get(room)
+        if h is None:
+            return False
+        reason = self.released.get(h)
+        return reason is None or reason == "quarantined"
 
     def pump(self, mgr: Any) -> None:
         """Takes kvfence's releases; each released room may now be ACKed."""
@@ -136,10 +159,8 @@ class PrefillGate:
             return
         for r in self.table.drain_released():
             room = int(r.token)
-            with self.lock:
-                if self.room_handle.get(room) == r.handle:
-                    del self.room_handle[room]
-            if r.reason != "quarantined":
+            self.released[r.handle] = r.reason
+            if r.reason != "quarantined" and self.room_handle.get(room) == r.handle:
                 mgr._maybe_ack_drained_abort(room)
 
 
@@ -195,9 +216,9 @@ def _sender_clear(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _transfer_worker(orig: Callable[..., Any]) -> Callable[..., Any]:
     def transfer_worker(self: Any, queue: Any, *a: Any, **kw: Any) -> Any:
-        if _gate(self) is not None:
-            queue = _RoomTrackingQueue(queue)
-        return orig(self, queue, *a, **kw)
+        # Always: SGLang starts its workers inside MooncakeKVManager.__init__, before the
+        # wrapped __init__ attaches the gate.
+        return orig(self, _RoomTrackingQueue(queue), *a, **kw)
     return transfer_worker
 
 
