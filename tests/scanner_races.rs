@@ -49,6 +49,16 @@ fn timed<R>(f: impl FnOnce() -> R) -> (R, (u64, u64)) {
     (r, (start, ticket()))
 }
 
+/// Runs `f`, returning its result and the monotonic clock's readings around it. For races
+/// of calls a few nanoseconds long, where the tickets' shared counter would itself
+/// serialise the two threads right before their calls (`Instant` is a vDSO clock read:
+/// no shared cache line; the monotonic clock is consistent across cores).
+fn clocked<R>(f: impl FnOnce() -> R) -> (R, (Instant, Instant)) {
+    let start = Instant::now();
+    let r = f();
+    (r, (start, Instant::now()))
+}
+
 fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
@@ -547,16 +557,17 @@ fn failed_transfer_to_a_rank_that_stayed_fenced_drops_its_hold_at_once() {
 ///
 /// Rooms are prepared in batches (`finish`ed, each held by one transfer); one thread
 /// completes the transfers in order, another quarantines the same rooms in order, in
-/// lockstep (each waits for the other to reach the same room), the completer first
-/// spinning a varying few iterations so that the two calls' relative timing sweeps the
-/// window. The window: the two calls overlapped (tickets). Fails under
+/// lockstep (each waits for the other to reach the same room), one side first spinning a
+/// varying few pauses (0-7) so that the two calls' relative timing sweeps the window. The
+/// window: the two calls overlapped in time (monotonic clock readings around each call,
+/// not tickets: see `clocked`). Fails under
 /// `--cfg kvfence_quarantine_mark_first` with "refused (StaleHandle), yet".
 #[test]
 fn quarantine_vs_last_completion_is_decided_by_one_step() {
     const BATCH: usize = 1000;
     let t = RoomTable::new(Config::gate(BATCH)).unwrap();
     let batches = 400 * scale();
-    let deadline = Instant::now() + Duration::from_secs(8 * scale() as u64);
+    let deadline = Instant::now() + Duration::from_secs(9 * scale() as u64);
     let (mut runs, mut hits, mut quarantined, mut refused) = (0usize, 0usize, 0usize, 0usize);
     let mut wrong: Option<String> = None;
     'batches: for batch in 0..batches {
@@ -585,16 +596,23 @@ fn quarantine_vs_last_completion_is_decided_by_one_step() {
                 }
             }
         };
+        // The delay (in `spin_loop` pauses) one side waits before its call: 0..8 on the
+        // completer, then 1..8 on the quarantiner, varying with the room and the batch.
+        let delay = |k: usize, mine: usize| {
+            let j = (k * 5 + batch) % 16;
+            let n = if j / 8 == mine { j % 8 } else { 0 };
+            for _ in 0..n {
+                std::hint::spin_loop();
+            }
+        };
         let (completed, quarantines) = std::thread::scope(|s| {
             let completer = s.spawn(|| {
                 let mut out = Vec::with_capacity(BATCH);
                 for (k, guard) in guards.into_iter().enumerate() {
                     at_c.store(k as u64 + 1, Ordering::Release);
                     wait_for(&at_q, k as u64 + 1);
-                    for _ in 0..(k * 7 + batch) % 48 {
-                        std::hint::spin_loop();
-                    }
-                    out.push(timed(|| guard.complete()));
+                    delay(k, 0);
+                    out.push(clocked(|| guard.complete()));
                 }
                 out
             });
@@ -603,7 +621,8 @@ fn quarantine_vs_last_completion_is_decided_by_one_step() {
                 for (k, &h) in handles.iter().enumerate() {
                     at_q.store(k as u64 + 1, Ordering::Release);
                     wait_for(&at_c, k as u64 + 1);
-                    out.push(timed(|| t.quarantine(h)));
+                    delay(k, 1);
+                    out.push(clocked(|| t.quarantine(h)));
                 }
                 out
             });
@@ -611,7 +630,7 @@ fn quarantine_vs_last_completion_is_decided_by_one_step() {
         });
         for (k, ((released, c), (q, qs))) in completed.into_iter().zip(quarantines).enumerate() {
             runs += 1;
-            hits += usize::from(overlap(c, qs));
+            hits += usize::from(c.0 < qs.1 && qs.0 < c.1);
             let r = released.expect("the transfer held the room: its completion releases it");
             assert_eq!(r.handle, handles[k]);
             match (&q, r.reason) {

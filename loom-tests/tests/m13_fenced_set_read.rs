@@ -52,7 +52,10 @@ fn m13_fail_vs_readmit_and_fence_of_other_ranks() {
             // Rank 1's transport was torn down before its fence: drop the hold at once.
             let released = transfer.fail();
             let fenced = detector.join().unwrap();
-            assert!(fenced.released.is_empty() && fenced.failed_ended == 0, "{fenced:?}");
+            assert!(
+                fenced.released.is_empty() && fenced.failed_ended == 0,
+                "{fenced:?}"
+            );
             let r = released.unwrap_or_else(|| {
                 panic!(
                     "fail() of a transfer to rank 1, fenced the whole time, was registered \
@@ -61,7 +64,10 @@ fn m13_fail_vs_readmit_and_fence_of_other_ranks() {
                     table.room_status(h)
                 )
             });
-            assert_eq!((r.handle, r.reason, &r.pages[..]), (h, Reason::Aborted, &[3][..]));
+            assert_eq!(
+                (r.handle, r.reason, &r.pages[..]),
+                (h, Reason::Aborted, &[3][..])
+            );
             assert_eq!(table.stats().fenced, [1, 2]);
             assert_at_rest(&table, 1, None, 1);
         },

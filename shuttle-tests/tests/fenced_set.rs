@@ -71,8 +71,8 @@ fn model() {
 fn fail_vs_readmit_and_fence_of_other_ranks() {
     common::check(
         "fail_vs_readmit_and_fence_of_other_ranks",
-        60000,
-        60000,
+        20000,
+        20000,
         3,
         model,
     );

@@ -12,7 +12,6 @@
 mod common;
 
 use kvfence::{Error, Quiesced, Reason, RoomTable};
-use shuttle::sync::Arc;
 use shuttle::thread;
 
 fn model() {
@@ -66,11 +65,15 @@ fn model() {
         }
     }
     let s = t.stats();
-    assert_eq!((s.quarantined_rooms, s.quarantined_pages), (kept, kept), "{s:?}");
+    assert_eq!(
+        (s.quarantined_rooms, s.quarantined_pages),
+        (kept, kept),
+        "{s:?}"
+    );
     common::assert_at_rest(&t, 2, None);
 }
 
 #[test]
 fn quarantine_vs_last_completion() {
-    common::check("quarantine_vs_last_completion", 60000, 60000, 3, model);
+    common::check("quarantine_vs_last_completion", 20000, 20000, 3, model);
 }
