@@ -368,15 +368,25 @@ fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
                     })
                 })
                 .collect();
+            // One drainer pops (`pop_released`), the other drains (`drain_released`: one
+            // pass, a swap per word): both ways of taking a queue bit race each other and
+            // the pushes. (`kvfence_racy_queue_pop` breaks only the pop: since issue 18's
+            // one-pass drain, two `drain_released` drainers no longer caught it.)
             let drainers: Vec<_> = (0..2)
-                .map(|_| {
+                .map(|d| {
                     let (t, start, done) = (&t, &start, &done);
                     s.spawn(move || {
                         start.wait();
                         let mut got = Vec::new();
                         let ((), span) = timed(|| loop {
                             let finished = done.load(Ordering::SeqCst);
-                            t.drain_released(&mut got);
+                            if d == 0 {
+                                while let Some(r) = t.pop_released() {
+                                    got.push(r);
+                                }
+                            } else {
+                                t.drain_released(&mut got);
+                            }
                             if finished {
                                 break;
                             }
