@@ -1,4 +1,5 @@
-//! The release: deciding it, delivering it exactly once, the release queue, quarantine.
+//! The release: deciding it, delivering it exactly once, the release queue's drain
+//! (quarantine is in `quarantine.rs`).
 //!
 //! # Implementation details
 //!
@@ -33,21 +34,19 @@
 //! began. A drain with nothing pending is one load of the count.
 //! [`RoomTable::pop_released`] takes one release, scanning from word 0.
 //!
-//! **Quarantine.** A room that can never be proven drained (a failed transfer whose peer's
-//! transport cannot be torn down) is ended by [`RoomTable::quarantine`]: it gives up on
-//! every pending writer and failed transfer of the room, exactly as a fence would, after
-//! marking the lifecycle quarantined. The release that follows (at once, or when the last
-//! local transfer ends) returns the room index to service but never the pages: pool pages
-//! stay out of the pool for good and gate-mode releases say [`Reason::Quarantined`] (the
-//! engine must never free those pages). Time still never frees anything.
+//! **The steps that may decide** live here too: dropping a hold of any kind
+//! (`drop_hold`), clearing a writer's position (`clear_position`, which drops its mask
+//! word's hold when it empties) and giving up every pending writer (`give_up_writers`, for
+//! a rollback or a quarantine). Quarantine itself is in `quarantine.rs`.
 
+use crate::counters::Event;
 use crate::error::Error;
 pub use crate::room_word::Reason;
-use crate::room_word::{Closed, Hold, Refusal, Step};
-use crate::stats::Event;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
-use crate::table::{mark, tagged, try_boxed, untag};
-use crate::{RoomHandle, RoomTable};
+use crate::room_word::{Hold, Refusal, Step};
+use crate::state::{mark, tagged, untag, RoomTable, Slot};
+use crate::sync::Ordering;
+use crate::writers::Cleared;
+use crate::RoomHandle;
 
 /// A room's release: its lifecycle is over and nothing can write its pages any more
 /// (unless [`Reason::Quarantined`]). Delivered exactly once.
@@ -65,99 +64,87 @@ pub struct Released {
     pub reason: Reason,
 }
 
-/// Rooms whose release waits in the release queue (see the module docs).
-#[derive(Debug)]
-pub(crate) struct PendingSet {
-    words: Box<[AtomicU64]>,
-    count: AtomicUsize,
-}
-
-impl PendingSet {
-    pub(crate) fn new(rooms: usize) -> Result<PendingSet, Error> {
-        Ok(PendingSet {
-            words: try_boxed(rooms.div_ceil(64), |_| AtomicU64::new(0))?,
-            count: AtomicUsize::new(0),
-        })
-    }
-
-    fn push(&self, index: usize) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let old = self.words[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
-        debug_assert_eq!(old & 1 << (index % 64), 0, "room {index} queued twice");
-    }
-
-    /// Takes one pending room index, if any.
-    fn pop(&self) -> Option<usize> {
-        if self.count.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        for (w, word) in self.words.iter().enumerate() {
-            let mut bits = word.load(Ordering::Relaxed);
-            while bits != 0 {
-                let bit = 1u64 << bits.trailing_zeros();
-                if cfg!(kvfence_racy_queue_pop) {
-                    // MUTATION (test-only): take the bit with a load and a store instead of
-                    // one RMW: two drainers can both deliver the same release.
-                    word.store(bits & !bit, Ordering::Release);
-                    self.count.fetch_sub(1, Ordering::Relaxed);
-                    return Some(w * 64 + bit.trailing_zeros() as usize);
-                }
-                if word.fetch_and(!bit, Ordering::Acquire) & bit != 0 {
-                    self.count.fetch_sub(1, Ordering::Relaxed);
-                    return Some(w * 64 + bit.trailing_zeros() as usize);
-                }
-                bits = word.load(Ordering::Relaxed);
-            }
-        }
-        None
-    }
-
-    /// Takes up to `max` pending room indices, in one pass over the words, handing each
-    /// to `f`. Bits of a word taken beyond `max` are put back (their rooms' indices are not
-    /// reused before their releases are delivered, so nobody else can set them meanwhile).
-    fn drain(&self, max: usize, mut f: impl FnMut(usize)) -> usize {
-        let pending = self.count.load(Ordering::Relaxed);
-        if pending == 0 || max == 0 {
-            return 0;
-        }
-        let mut taken = 0;
-        for (w, word) in self.words.iter().enumerate() {
-            if word.load(Ordering::Relaxed) == 0 {
-                continue;
-            }
-            // Every bit of the word at once: one RMW, and each bit taken by one drainer.
-            let mut bits = word.swap(0, Ordering::Acquire);
-            let mut keep = bits;
-            let mut n = 0;
-            while keep != 0 && taken + n < max {
-                keep &= keep - 1;
-                n += 1;
-            }
-            if keep != 0 {
-                word.fetch_or(keep, Ordering::Release);
-                bits &= !keep;
-            }
-            self.count.fetch_sub(n, Ordering::Relaxed);
-            while bits != 0 {
-                f(w * 64 + bits.trailing_zeros() as usize);
-                bits &= bits - 1;
-            }
-            taken += n;
-            // Everything pending when we began is taken (later pushes may wait for the
-            // next drain), or the caller's limit is reached.
-            if taken >= pending || taken == max {
-                break;
-            }
-        }
-        taken
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
-    }
+/// What [`RoomTable::quiesce`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a release must be acted on"]
+pub enum Quiesced {
+    /// The rank is marked done; the room still waits on others (or is still live).
+    Recorded,
+    /// The rank had already quiesced in this lifecycle: nothing changed.
+    Duplicate,
+    /// This was the last thing the closing room waited on: it is released.
+    Released(Released),
+    /// This released the room, and the release went to the release queue (the table was
+    /// made with [`Config::release_queue`](crate::Config::release_queue)).
+    Queued,
 }
 
 impl RoomTable {
+    /// Takes a transfer hold on an owned room of generation `gen`.
+    pub(crate) fn hold(&self, slot: &Slot, gen: u32) -> Result<(), Error> {
+        match slot.word.begin(gen, Hold::Transfer) {
+            Ok(()) => Ok(()),
+            Err(Refusal::Stale) => Err(self.stale()),
+            Err(Refusal::Phase(phase)) => Err(Error::RoomClosed { phase }),
+            Err(Refusal::HoldsFull) => Err(Error::TooManyTransfers),
+        }
+    }
+
+    /// Drops a hold of `kind` the caller owns; returns the release if it was the last.
+    #[inline]
+    pub(crate) fn drop_hold(&self, index: usize, gen: u32, kind: Hold) -> Option<Released> {
+        match self.slots[index].0.word.drop_hold(gen, kind) {
+            Ok(Step::Released(reason)) => self.release(index, gen, reason),
+            Ok(Step::Held) => None,
+            // Unreachable for a real hold: a held room cannot be released under it. (Only
+            // the test-only `kvfence_naive_release` mutation gets here.)
+            Err(_) => None,
+        }
+    }
+
+    /// Clears writer position `pos` of lifecycle `gen` of room `index`; drops the mask
+    /// word's hold if it empties.
+    pub(crate) fn clear_position(
+        &self,
+        index: usize,
+        gen: u32,
+        pos: usize,
+    ) -> Result<Quiesced, Error> {
+        match self.slots[index].0.writers.clear(gen, pos) {
+            Err(_) => Err(Error::StaleHandle),
+            Ok(Cleared::Duplicate) => Ok(Quiesced::Duplicate),
+            Ok(Cleared::Bit) => Ok(Quiesced::Recorded),
+            Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen, Hold::Writers)
+            {
+                Ok(Step::Released(reason)) => Ok(match self.release(index, gen, reason) {
+                    Some(released) => Quiesced::Released(released),
+                    None if self.is_rolled_back(index, gen) => Quiesced::Recorded,
+                    None => Quiesced::Queued,
+                }),
+                // The word's hold was ours; with the mutation above it may not be.
+                Ok(Step::Held) | Err(_) => Ok(Quiesced::Recorded),
+            },
+        }
+    }
+
+    fn is_rolled_back(&self, index: usize, gen: u32) -> bool {
+        self.slots[index].0.rolled_back.load(Ordering::Relaxed) == mark(gen)
+    }
+
+    /// Clears every writer still pending in lifecycle `gen` of room `index` (a rollback, a
+    /// quarantine); returns a release one of those clears performed.
+    pub(crate) fn give_up_writers(&self, index: usize, gen: u32) -> Option<Released> {
+        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
+            self.slots[index].0.writers.pending_positions(gen).collect();
+        let mut out = None;
+        for pos in positions {
+            if let Ok(Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
+                out = Some(r);
+            }
+        }
+        out
+    }
+
     /// The caller won the RMW that moved room `index` from lifecycle `gen` to `FREE`, for
     /// `reason` (read from the value that RMW observed). Delivers the release now (`Some`),
     /// or queues it (`None`), as the table is configured; a rolled-back `open` is returned
@@ -212,8 +199,10 @@ impl RoomTable {
         let pages = slot.pages.with_mut(|list| {
             // SAFETY: the release of lifecycle `gen` was decided (by an RMW that
             // happens-after every writer and grower of the list) and is delivered once:
-            // directly by the winner, or by the one drainer whose `fetch_and` took the
-            // room's queue bit (which happens-after the winner's `fetch_or`). The index is
+            // directly by the winner, or by the one drainer whose RMW took the room's queue
+            // bit (`fetch_and` of a pop, `swap` of a drain, both `Acquire`: they
+            // happen-after the winner's `fetch_or`; a bit a bounded drain puts back is
+            // taken again by such an RMW). The index is
             // still claimed, so no opener touches the list until we free it below.
             core::mem::take(unsafe { &mut *list })
         });
@@ -294,16 +283,6 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn drain_released(&self, out: &mut Vec<Released>) -> usize {
-        if cfg!(kvfence_drain_rescans) {
-            // MUTATION (test-only, for the benchmark's before/after): the pre-issue-18
-            // drain, one `pop_released` (a scan from word 0) per release.
-            let mut n = 0;
-            while let Some(released) = self.pop_released() {
-                out.push(released);
-                n += 1;
-            }
-            return n;
-        }
         self.drain_released_max(out, usize::MAX)
     }
 
@@ -315,77 +294,5 @@ impl RoomTable {
             let (gen, code) = untag(self.slots[index].0.queued.load(Ordering::Relaxed));
             out.push(self.deliver(index, gen, Reason::from_code(code), true));
         })
-    }
-
-    /// Ends a room that can never be proven drained (its rank's transport cannot be torn
-    /// down): gives up on its pending writers and failed transfers. The room index returns
-    /// to service once local transfers still in flight end; its pages never do (see
-    /// [`Reason::Quarantined`]). Counted in [`stats`](Self::stats).
-    ///
-    /// Returns the release if this call performed it (direct delivery).
-    ///
-    /// # Errors
-    /// [`Error::StaleHandle`] (already released), [`Error::InvalidHandle`],
-    /// [`Error::UnknownRoom`].
-    ///
-    /// ```
-    /// use kvfence::{Config, Reason, RoomTable};
-    /// let table = RoomTable::new(Config::gate(8))?;
-    /// let h = table.open_gate(&[5], 1, vec![40, 41])?;
-    /// let t = table.begin_transfer_to(h, 5)?;
-    /// assert!(t.fail().is_none());            // outcome unknown: the room stays held
-    /// let _ = table.abort(h)?;
-    /// let _ = table.quiesce(h, 5)?;           // even after the ACK...
-    /// let r = table.quarantine(h)?.expect("released by the quarantine");
-    /// assert_eq!(r.reason, Reason::Quarantined);   // ...never free pages 40, 41
-    /// assert_eq!(table.stats().quarantined_pages, 2);
-    /// # Ok::<(), kvfence::Error>(())
-    /// ```
-    pub fn quarantine(&self, handle: RoomHandle) -> Result<Option<Released>, Error> {
-        let slot = self.slot(handle)?;
-        let (index, gen) = (handle.index(), handle.generation());
-        #[cfg(kvfence_quarantine_mark_first)]
-        {
-            // MUTATION (test-only): mark first, close after (see `release_to`).
-            let state = slot.word.load(Ordering::Acquire);
-            if state.gen() == gen && state.phase() != crate::Phase::Free {
-                slot.quarantine_mark.store(mark(gen), Ordering::Relaxed);
-            }
-        }
-        // The decision: one CAS sets the quarantine bit and closes the room, or refuses
-        // (the release is decided already) and changes nothing.
-        let stamp = match slot.word.quarantine(gen) {
-            Ok(Closed::Released(reason)) => return Ok(self.release(index, gen, reason)),
-            Ok(Closed::Stamp) => {
-                // Quarantining a live room closes it: its closing time counts from now.
-                self.stamp_closed(index, gen);
-                true
-            }
-            Ok(Closed::Held) => false,
-            Err(Refusal::Stale) => return Err(self.stale()),
-            Err(Refusal::Phase(_) | Refusal::HoldsFull) => {
-                unreachable!("quarantine closes any live room and adds no transfer")
-            }
-        };
-        let mut out = None;
-        // Give up on every writer still pending...
-        if let Some(r) = self.give_up_writers(index, gen) {
-            out = Some(r);
-        }
-        // ...and on every failed transfer of the room...
-        for failed in self.take_failed(|f| f.index == index as u32 && f.gen == gen) {
-            for _ in 0..failed.count {
-                if let Some(r) = self.drop_hold(index, gen, Hold::Transfer) {
-                    out = Some(r);
-                }
-            }
-        }
-        // ...and last our stamp hold, which kept the room from being released meanwhile.
-        if stamp {
-            if let Some(r) = self.drop_hold(index, gen, Hold::Stamp) {
-                out = Some(r);
-            }
-        }
-        Ok(out)
     }
 }

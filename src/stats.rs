@@ -22,64 +22,14 @@
 //! still pending are those of the same instant (a writer's ACK clears its mask bit first;
 //! while the word is unchanged that ACK is recorded and nothing else moved).
 
+use crate::counters::Event;
+use crate::error::Error;
+use crate::handle::RoomHandle;
 use crate::room_word::Phase;
-use crate::sync::fence;
-use crate::sync::{AtomicU64, Ordering, Padded};
-use crate::table::untag;
+use crate::state::{untag, RoomTable};
+use crate::sync::{fence, Ordering};
 use crate::writers::Fanout;
-use crate::{Error, RoomHandle, RoomTable};
 use std::time::Duration;
-
-#[cfg(not(loom))]
-const STRIPES: usize = 32;
-#[cfg(loom)]
-const STRIPES: usize = 2;
-
-/// Which counter to bump.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Event {
-    Release = 0,
-    Stale = 1,
-    Duplicate = 2,
-    FailedTransfer = 3,
-    QuarantinedRoom = 4,
-    QuarantinedPages = 5,
-}
-const EVENTS: usize = 6;
-
-/// Per-thread striped event counters.
-#[derive(Debug)]
-pub(crate) struct Counters {
-    stripes: Box<[Padded<[AtomicU64; EVENTS]>]>,
-}
-
-impl Counters {
-    pub(crate) fn new() -> Counters {
-        Counters {
-            stripes: (0..STRIPES)
-                .map(|_| Padded(core::array::from_fn(|_| AtomicU64::new(0))))
-                .collect(),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn bump(&self, event: Event) {
-        self.add(event, 1);
-    }
-
-    #[inline]
-    pub(crate) fn add(&self, event: Event, n: u64) {
-        let stripe = &self.stripes[crate::sync::thread_seed() % STRIPES];
-        stripe.0[event as usize].fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn sum(&self, event: Event) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s.0[event as usize].load(Ordering::Relaxed))
-            .sum()
-    }
-}
 
 /// How many rooms (or pages) are free, owned (live), held (closing, waiting to drain) and
 /// released but not yet drained from the release queue.

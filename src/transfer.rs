@@ -43,9 +43,8 @@ use crate::error::Error;
 use crate::handle::RoomHandle;
 use crate::release::Released;
 use crate::room_word::Hold;
-use crate::sync::{AtomicU64, Ordering};
-use crate::table::{lock, tagged, untag};
-use crate::RoomTable;
+use crate::state::{lock, tagged, untag, FailedTransfer, RoomTable, ACTIVE};
+use crate::sync::Ordering;
 use std::sync::Arc;
 
 /// How a transfer ended.
@@ -59,16 +58,6 @@ pub enum Outcome {
     /// went over the torn-down transport, so never post a transfer over a rank's new
     /// transport before [`RoomTable::readmit_rank`] returned.
     Failed,
-}
-
-/// Failed transfers of one room lifecycle to one peer, still holding the room.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FailedTransfer {
-    pub(crate) index: u32,
-    pub(crate) gen: u32,
-    pub(crate) peer: Option<u32>,
-    /// How many (each holds one transfer hold).
-    pub(crate) count: u32,
 }
 
 /// Refuses `u32::MAX` as a peer: it is not a rank id (see `writers.rs`), so no fence could
@@ -231,7 +220,7 @@ impl RoomTable {
                     }),
                 }
                 slot.failed.store(tagged(gen, count), Ordering::Relaxed);
-                self.counters.bump(crate::stats::Event::FailedTransfer);
+                self.counters.bump(crate::counters::Event::FailedTransfer);
                 None
             }
         }
@@ -338,29 +327,6 @@ impl RoomTable {
         self.tokens_free.free_one(t.index());
         let handle = self.handle(index as usize, room_gen);
         Ok(self.end_hold(handle, peer, outcome, false))
-    }
-}
-
-const ACTIVE: u32 = 1;
-
-/// One token-form transfer slot.
-#[derive(Debug)]
-pub(crate) struct TokenSlot {
-    /// `tagged(generation, ACTIVE or 0)`.
-    state: AtomicU64,
-    /// `tagged(room index, room generation)`.
-    room: AtomicU64,
-    /// `1 << 32 | peer`, or 0 for no peer.
-    peer: AtomicU64,
-}
-
-impl TokenSlot {
-    pub(crate) fn new() -> TokenSlot {
-        TokenSlot {
-            state: AtomicU64::new(0),
-            room: AtomicU64::new(0),
-            peer: AtomicU64::new(0),
-        }
     }
 }
 

@@ -2093,3 +2093,47 @@ fn default_config_is_valid_for_every_room_count() {
         assert_eq!(Config::pool(rooms, 1).max_tokens, c.max_tokens);
     }
 }
+
+/// `grow` by more than the whole pool is refused before anything is claimed (as `open`):
+/// `TooManyPages`, and no other thread ever sees the pool emptied by the refused call (it
+/// used to claim every free page, then give them back with `PoolExhausted`).
+#[test]
+fn grow_larger_than_the_pool_claims_nothing() {
+    const PAGES: usize = 1 << 16;
+    let t = pool(4, PAGES);
+    let h = t.open(&[], 1).unwrap().handle;
+    for n in [PAGES + 1, usize::MAX] {
+        assert_eq!(
+            t.grow(h, n).err(),
+            Some(Error::TooManyPages {
+                requested: n,
+                capacity: PAGES
+            })
+        );
+    }
+    let stop = AtomicBool::new(false);
+    let (reads, seen_low, grows) = std::thread::scope(|s| {
+        let grower = s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(t.grow(h, PAGES + 1).is_err());
+                n += 1;
+            }
+            n
+        });
+        let (mut reads, mut seen_low) = (0u64, 0u64);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline {
+            reads += 1;
+            if t.stats().pages.free != PAGES - 1 {
+                seen_low += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        (reads, seen_low, grower.join().unwrap())
+    });
+    println!("{reads} stats() during {grows} refused grows: {seen_low} saw pages claimed");
+    assert!(reads > 0 && grows > 0);
+    assert_eq!(seen_low, 0);
+    assert_eq!(t.pages_of(h).unwrap().len(), 1);
+}
