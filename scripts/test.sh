@@ -44,6 +44,9 @@ bash scripts/python.sh --mutations
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
 bash e2e/ci.sh
 
+step "end to end on separate hosts: network namespaces, a partition that heals, a -1 recovered (NOTICE where namespaces cannot be made)"
+bash e2e/hosts/ci.sh
+
 step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
 bash e2e/sglang/ci.sh
 

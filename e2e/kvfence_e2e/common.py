@@ -121,3 +121,50 @@ def my_tcp_sockets():
                 out.append((int(p[1].rsplit(":", 1)[1], 16), int(p[2].rsplit(":", 1)[1], 16),
                             p[3], int(p[4].split(":")[1], 16)))
     return out
+
+
+def _addr(hexaddr):
+    """/proc/net/tcp{,6} address field -> (dotted IPv4 or None, port). IPv6 entries are
+    reported as IPv4 when they are v4-mapped (::ffff:a.b.c.d), else as None."""
+    import socket as _s
+    import struct
+    h, port = hexaddr.rsplit(":", 1)
+    if len(h) == 8:
+        ip = _s.inet_ntoa(struct.pack("<I", int(h, 16)))
+    else:
+        words = [int(h[i:i + 8], 16) for i in range(0, 32, 8)]
+        raw = b"".join(struct.pack("<I", w) for w in words)
+        ip = _s.inet_ntoa(raw[12:]) if raw[:12] == b"\0" * 10 + b"\xff\xff" else None
+    return ip, int(port, 16)
+
+
+def netns_tcp_sockets(lports=None):
+    """The TCP sockets of this network namespace (those on one of lports, if given):
+    dicts with laddr, lport, raddr, rport, state (hex: '01' established, '08' CLOSE_WAIT,
+    '0A' listen), rxq (bytes queued for the reader), txq."""
+    out = []
+    keys = None if lports is None else tuple(":%04X " % p for p in lports)
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            if keys is not None and not any(k in ln[:60] for k in keys):
+                continue  # (cheap pre-filter on the local address field)
+            p = ln.split()
+            if len(p) < 5:
+                continue
+            la, lp = _addr(p[1])
+            ra, rp = _addr(p[2])
+            tx, rx = p[4].split(":")
+            out.append({"laddr": la, "lport": lp, "raddr": ra, "rport": rp, "state": p[3],
+                        "rxq": int(rx, 16), "txq": int(tx, 16)})
+    return out
+
+
+def listen_ports():
+    """The ports this process listens on (TCP, both families)."""
+    mine = {(x[0]) for x in my_tcp_sockets() if x[2] == "0A"}
+    return mine

@@ -5,6 +5,10 @@ a freed page is reused at once); a kvfence RoomTable in gate mode with release_q
 (rule kvfence) or SGLang-style bookkeeping (the other rules); an ACK receiver thread per
 control connection; a scheduler loop (the caller's thread) that drains releases and only
 then frees pages.
+
+hosts mode (cfg.hosts, e2e/run hosts, kvfence_e2e/hosts.py): this process runs on the
+decode host; a Mooncake engine per prefill incarnation; heartbeats and a deadline; a dead
+or reset peer is fenced only after its transport's proven teardown (hosts.DecodeNet).
 """
 from __future__ import annotations
 
@@ -21,19 +25,28 @@ import time
 
 import numpy as np
 
-from .common import (MAGIC_FREE, MAGIC_OWNED, Conn, check_page, header, my_tcp_sockets,
+from .common import (MAGIC_DATA, MAGIC_FREE, MAGIC_OWNED, Conn, check_page, header, my_tcp_sockets,
                      stamp)
 
 TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
+# Test-only mutations (e2e/hosts/ci.sh --mutation shows each check can fail):
+#   fence-without-teardown  hosts mode: fence a dead/reset peer's ranks without tearing
+#                           its transport down first;
+#   no-reset                hosts mode: a -1 does not reset the transport (the room is
+#                           held until the rank is fenced for another reason).
+MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
+WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 
 
 class Rec:
     __slots__ = ("id", "inst", "ranks", "pages", "h", "state", "t_open", "abort_at",
                  "t_abort", "done_ranks", "acks", "decode_until", "corrupt", "why",
-                 "abort_on_commit", "released")
+                 "abort_on_commit", "released", "t_fail", "lranks", "wgen")
 
     def __init__(self, rid, inst, ranks, pages):
         self.id, self.inst, self.ranks, self.pages = rid, inst, ranks, pages
+        self.lranks = ranks  # the ranks on the wire; self.ranks: their writer ids in the
+        self.wgen = 0        # table, of transport generation wgen (hosts mode: see reset)
         self.h = None
         self.state = TRANSFER
         self.t_open = time.monotonic()
@@ -46,6 +59,7 @@ class Rec:
         self.why = []
         self.abort_on_commit = False
         self.released = False
+        self.t_fail = None
 
 
 class Decode:
@@ -53,15 +67,21 @@ class Decode:
         from mooncake.engine import TransferEngine
         self.cfg, self.rule = cfg, rule
         self.ps, self.npages = cfg.page_size, cfg.pages
-        self.engine = TransferEngine()
-        if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
-            raise RuntimeError("Mooncake initialize failed")
+        # hosts mode (e2e/run hosts): this process runs in the decode's network namespace;
+        # every prefill incarnation gets its own Mooncake engine here (its own ports), so
+        # that one incarnation's transport can be fenced by a packet filter (hosts.py)
+        self.hosts = getattr(cfg, "hosts", None)
+        self.ip = self.hosts["decode_ip"] if self.hosts else "127.0.0.1"
+        self.TransferEngine = TransferEngine
         # pages 0..N-1 for KV, page N is a scratch page for the prefill warm-up write
         self.kv = np.zeros((self.npages + 1) * self.ps, dtype=np.uint8)
         self.kv_addr = self.kv.ctypes.data
-        if self.engine.register_memory(self.kv_addr, self.kv.size) != 0:
-            raise RuntimeError("Mooncake register_memory failed")
-        self.session = "127.0.0.1:%d" % self.engine.get_rpc_port()
+        self.engines = {}  # hosts mode: inst -> the engine of its current incarnation
+        self.old_engines = []  # fenced engines: kept, so that their ports are never reused
+        self.engine_lock = threading.Lock()
+        if not self.hosts:
+            self.engine = self.make_engine()[0]
+            self.session = "127.0.0.1:%d" % self.engine.get_rpc_port()
         for p in range(self.npages):
             stamp(self.page(p), MAGIC_FREE, 0)
         self.free = list(range(self.npages - 1, -1, -1))  # LIFO: pop() reuses the last freed
@@ -71,18 +91,27 @@ class Decode:
             import kvfence
             self.kvfence = kvfence
             self.table = kvfence.RoomTable(4096, release_queue=True)
-        self.timeout = {"timeout-30s": 30.0, "timeout-50ms": 0.05}.get(rule)
+        self.timeout = {"timeout-30s": 30.0 * getattr(cfg, "scale", 1.0),
+                        "timeout-50ms": 0.05}.get(rule)
         self.events = queue.Queue()
         self.recs = {}  # id -> Rec (not yet released)
         self.by_inst = {}
         self.conns, self.procs, self.alive, self.ranks_of = {}, {}, set(), {}
+        self.writers_of = {}  # inst -> writer ids of its current transport (hosts: reset)
+        self.gen_of = {}  # inst -> its transport generation (+1 at each reset)
+        self.resets_pending = 0
         self.pstats = {}
         self.m = {"requests": 0, "finished": 0, "aborted": 0, "corrupted_requests": 0,
                   "corrupted_pages": 0, "stale_landings_on_free_pages": 0, "failed_writes": 0,
                   "rank_fences": 0, "kills": 0, "quarantined_pages": 0,
                   "peak_pages_held_awaiting_drain": 0, "fence_wait_ms_max": 0.0,
-                  "fence_waits_with_unread_data": 0}
+                  "fence_waits_with_unread_data": 0, "transport_resets": 0,
+                  "declared_dead": 0, "fenced_host_landings_after_heal": 0}
+        self.teardowns = []  # hosts mode: ms from "declare dead" to "proven torn down"
+        self.teardown_errors = []
+        self.landed = set()
         self.lat = []
+        self.fail_lat = []  # ms from a -1 (FAIL) to the release of its room
         self.acked = set()
         self.pending_fence = {}  # inst -> time its control connection closed
         self.fence_waits = []  # ms from control EOF to proven transport teardown
@@ -91,10 +120,45 @@ class Decode:
         self.logdir = tempfile.mkdtemp(prefix="kvfence-e2e-")
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.bind((self.ip, 0))
         self.lsock.listen(64)
         self.ctl_port = self.lsock.getsockname()[1]
+        self.last_seen = {}  # inst -> monotonic time of its last control message
+        self.hold_respawn = set()  # instances not to respawn yet (cut off)
+        self.exited_at = {}  # inst -> when its exited process was noticed
+        self.rids_by_inst = {}
+        self.owner = {}  # page -> request id owning it (None: free)
+        self.watch = None  # (request ids, heal time): bytes of a cut host watched for
+        if self.hosts:
+            from . import hosts
+            self.net = hosts.DecodeNet(self)
         threading.Thread(target=self.acceptor, daemon=True).start()
+
+    def make_engine(self):
+        """A Mooncake engine on this host with the KV buffer registered; (engine, its
+        listening ports). Serialized: the ports are the ones that appeared meanwhile."""
+        from .common import listen_ports
+        with self.engine_lock:
+            before = listen_ports()
+            e = self.TransferEngine()
+            if e.initialize(self.ip, "P2PHANDSHAKE", "tcp", "") != 0:
+                raise RuntimeError("Mooncake initialize failed")
+            if e.register_memory(self.kv_addr, self.kv.size) != 0:
+                raise RuntimeError("Mooncake register_memory failed")
+            ports = (listen_ports() - before) | {e.get_rpc_port()}
+            return e, ports
+
+    def session_for(self, inst):
+        """The Mooncake session a new incarnation of inst writes to."""
+        if not self.hosts:
+            return self.session
+        e, ports = self.make_engine()
+        old = self.engines.get(inst)
+        if old is not None:
+            self.old_engines.append(old)
+        self.engines[inst] = {"engine": e, "ports": ports,
+                              "session": "%s:%d" % (self.ip, e.get_rpc_port())}
+        return self.engines[inst]["session"]
 
     def page(self, p):
         return self.kv[p * self.ps:(p + 1) * self.ps]
@@ -107,11 +171,17 @@ class Decode:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         log = open(os.path.join(self.logdir, "prefill%d.log" % inst), "ab")
-        self.procs[inst] = subprocess.Popen(
-            [sys.executable, "-m", "kvfence_e2e.prefill", "--inst", str(inst),
-             "--ranks", ",".join(map(str, ranks)), "--ctl", str(self.ctl_port),
-             "--session", self.session, "--rule", self.rule, "--page-size", str(self.ps)],
-            env=env, stdout=log, stderr=log)
+        cmd = [sys.executable, "-m", "kvfence_e2e.prefill", "--inst", str(inst),
+               "--ranks", ",".join(map(str, ranks)), "--ctl", str(self.ctl_port),
+               "--rule", self.rule, "--page-size", str(self.ps)]
+        if self.hosts:  # on its own host: its namespace, its address, heartbeats
+            h = self.hosts["prefills"][inst]
+            cmd = ["ip", "netns", "exec", h["ns"]] + cmd + [
+                "--ip", h["ip"], "--ctl-host", self.ip, "--hb-ms", str(self.hosts["hb_ms"]),
+                "--linger-s", str(self.hosts.get("linger_s", 0.0))]
+        else:
+            cmd += ["--session", self.session]
+        self.procs[inst] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
 
     def acceptor(self):
         while True:
@@ -127,16 +197,25 @@ class Decode:
         if m is None or m["t"] != "HELLO":
             return
         inst = m["inst"]
-        conn.send(t="WELCOME", scratch=self.kv_addr + self.npages * self.ps)
+        self.last_seen[inst] = time.monotonic()
+        conn.send(t="WELCOME", scratch=self.kv_addr + self.npages * self.ps,
+                  session=self.session_for(inst))
         self.conns[inst] = conn
         while True:
             m = conn.recv()
+            if self.conns.get(inst) is conn:
+                self.last_seen[inst] = time.monotonic()
             if m is None:
                 conn.close()  # (else it would sit in CLOSE_WAIT itself)
                 self.events.put(("dead", inst, conn))  # the control connection closed
                 return
+            if m["t"] == "HB":
+                continue  # a heartbeat: only last_seen
             if m["t"] == "ACK" and self.table is not None:
-                self.table.quiesce(m["h"], m["rank"])  # "stale" for a late ACK: harmless
+                rec = self.recs.get(m["req"])
+                if rec is not None and m["rank"] in rec.lranks:
+                    # "stale" for a late ACK: harmless
+                    self.table.quiesce(m["h"], rec.ranks[rec.lranks.index(m["rank"])])
             self.events.put((m["t"], inst, m))
 
     def start(self, n):
@@ -169,15 +248,19 @@ class Decode:
                 self.m["stale_landings_on_free_pages"] += 1
                 self.m["corrupted_pages"] += 1
             stamp(self.page(p), MAGIC_OWNED, rid)
-        ranks = self.ranks_of[inst]
+            self.owner[p] = rid
+        ranks = self.writers_of.get(inst, self.ranks_of[inst])
         rec = Rec(rid, inst, ranks, pages)
+        rec.lranks = self.ranks_of[inst]
+        rec.wgen = self.gen_of.get(inst, 0)
+        self.rids_by_inst.setdefault(inst, []).append(rid)
         rec.abort_at, rec.abort_on_commit = abort_at, abort_on_commit
         if self.table is not None:
             rec.h = self.table.open(ranks, pages, token=rid)  # writers = the serving ranks
         self.recs[rid] = rec
         self.m["requests"] += 1
         R = len(ranks)
-        for j, r in enumerate(ranks):
+        for j, r in enumerate(rec.lranks):
             chunks = [(c, self.kv_addr + pages[c] * self.ps) for c in range(ppr) if c % R == j]
             self.conns[inst].send(t="REQ", req=rid, h=rec.h or 0, rank=r, chunks=chunks,
                                   delay_ms=delay_ms, fail_chunk=fail_chunk, notify=notify)
@@ -190,6 +273,10 @@ class Decode:
         rec.released = True
         if rec.t_abort is not None:
             self.lat.append((time.monotonic() - rec.t_abort) * 1000.0)
+        if rec.t_fail is not None:
+            self.fail_lat.append((time.monotonic() - rec.t_fail) * 1000.0)
+        for p in rec.pages:
+            self.owner[p] = None
         if quarantined:
             self.retired.extend(rec.pages)
             self.m["quarantined_pages"] += len(rec.pages)
@@ -207,9 +294,9 @@ class Decode:
         rec.t_abort = time.monotonic()
         self.m["aborted"] += 1
         if self.table is not None:
-            tell = self.table.abort(rec.h)
+            tell = [rec.lranks[rec.ranks.index(w)] for w in self.table.abort(rec.h)]
         else:
-            tell = rec.ranks
+            tell = rec.lranks
         conn = self.conns.get(rec.inst)
         if rec.inst in self.alive and conn is not None:
             for r in tell:
@@ -235,15 +322,20 @@ class Decode:
         except queue.Empty:
             pass
         now = time.monotonic()
+        if self.hosts:
+            self.check_heartbeats(now)
+            if self.watch is not None:
+                self.scan_landings()
         if self.table is not None:
-            self.try_fence()
+            if not self.hosts:
+                self.try_fence()
             for r in self.table.drain_released():  # every release, exactly once
                 rec = self.recs.get(r.token)
                 if rec is not None:
                     self.release(rec, quarantined=(r.reason == "quarantined"))
         elif self.timeout is not None:
             for rec in list(self.recs.values()):
-                if rec.state == ABORTING and (rec.acks >= set(rec.ranks)
+                if rec.state == ABORTING and (rec.acks >= set(rec.lranks)
                                               or now - rec.t_abort >= self.timeout):
                     self.release(rec)
         held = 0
@@ -272,7 +364,7 @@ class Decode:
         if t == "READY":
             self.alive.add(inst)
             if self.table is not None:
-                for r in self.ranks_of[inst]:
+                for r in self.writers_of.get(inst, self.ranks_of[inst]):
                     self.table.readmit_rank(r)
             return
         if t == "STATS":
@@ -290,7 +382,7 @@ class Decode:
             return  # a late message about a released request
         if t == "DONE":
             rec.done_ranks.add(m["rank"])
-            if rec.state == TRANSFER and rec.done_ranks >= set(rec.ranks):
+            if rec.state == TRANSFER and rec.done_ranks >= set(rec.lranks):
                 self.verify(rec)
                 rec.state = DECODING
                 rec.decode_until = time.monotonic() + self.cfg.decode_ms / 1000.0
@@ -298,20 +390,32 @@ class Decode:
             rec.acks.add(m["rank"])
         elif t == "FAIL":
             self.m["failed_writes"] += 1
+            if rec.t_fail is None:
+                rec.t_fail = time.monotonic()
             self.abort(rec)  # the request fails
+            if self.hosts and self.table is not None and rec.inst in self.alive \
+                    and rec.wgen == self.gen_of.get(rec.inst, 0) and MUTATION != "no-reset":
+                self.reset(rec.inst)  # -1: the transport to that peer is reset
         elif t == "COMMIT":
             if rec.abort_on_commit:
                 self.abort(rec)
 
-    def on_dead(self, inst):
-        """The control connection of a prefill instance closed (its process is gone)."""
+    def on_dead(self, inst, declared=False):
+        """The control connection of a prefill instance closed (its process is gone), or
+        (declared) the instance was silent past the heartbeat deadline (hosts mode)."""
         self.alive.discard(inst)
-        self.conns.pop(inst, None)
+        conn = self.conns.pop(inst, None)
+        if declared:
+            self.m["declared_dead"] += 1
+            if conn is not None:
+                conn.close()  # its FIN leaves when (if) the link heals
         mine = [r for r in self.recs.values() if r.inst == inst]
         for rec in mine:
             if rec.state == TRANSFER:
                 self.abort(rec)  # the request fails
-        if self.table is not None:
+        if self.table is not None and self.hosts:
+            self.fence_inst(inst)  # the local teardown, proven, then the fence
+        elif self.table is not None:
             # Fence only once the transport is torn down. The control EOF is not enough:
             # Mooncake's server may still hold the dead peer's bytes in a data socket
             # (CLOSE_WAIT with unread data) and write them into our pages afterwards.
@@ -321,6 +425,88 @@ class Decode:
             for rec in mine:
                 if rec.state == ABORTING:
                     self.release(rec)
+
+    def fence_inst(self, inst, then=None, engine=None, writers=None):
+        """hosts mode, kvfence: tear down the transport of inst's current incarnation
+        without its help (hosts.DecodeNet.teardown: filter, drain, abort, prove), then
+        fence its ranks: their rooms are released only now (the scheduler drains them).
+        On a thread of its own, so that the other hosts are served meanwhile; then() runs
+        after the fence. inst stays in pending_fence (no respawn, no admission) until
+        then."""
+        reset = writers is not None
+        if reset:
+            self.resets_pending += 1
+        else:
+            self.pending_fence[inst] = time.monotonic()
+        ranks = list(writers if reset else self.writers_of.get(inst, self.ranks_of[inst]))
+        eng = engine if engine is not None else self.engines.get(inst)
+
+        def work():
+            try:
+                # (test-only mutation: fence at once, as if the control EOF or the
+                # deadline proved the transport gone: the partition check must catch it)
+                ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst, eng)
+                if ms > 0:
+                    self.teardowns.append(ms)
+                self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
+                for r in ranks:
+                    self.m["rank_fences"] += 1
+                    self.table.fence_rank(r)
+                if reset:
+                    for r in ranks:  # never used again: out of the (bounded) fenced set
+                        self.table.readmit_rank(r)
+                if then is not None:
+                    then()
+            except Exception as e:  # a teardown that cannot be proven: never fence
+                self.teardown_errors.append(repr(e))
+                return
+            if reset:
+                self.resets_pending -= 1
+            else:
+                self.pending_fence.pop(inst, None)
+        threading.Thread(target=work, daemon=True).start()
+
+    def reset(self, inst):
+        """kvfence, hosts mode: a write of inst returned -1. Reset the transport to that
+        peer: its requests in transfer fail, its transport is torn down and its ranks
+        fenced (fence_inst), and it is told to write on a new transport (a new engine
+        here, a new one there); READY readmits its ranks."""
+        self.m["transport_resets"] += 1
+        self.alive.discard(inst)
+        for rec in [r for r in self.recs.values() if r.inst == inst and r.state == TRANSFER]:
+            self.abort(rec)  # (inst is not alive: no ABORT is sent; the RESET drops them)
+        # The new transport is independent of the old one's teardown: new writer ids (the
+        # old ones are fenced when the teardown is proven; a room opened on the new ids
+        # can never be released by that fence), a new engine here (the filter is scoped
+        # to the old engine's ports). So the host serves again at READY, not after the
+        # teardown.
+        old_writers = list(self.writers_of.get(inst, self.ranks_of[inst]))
+        old_engine = self.engines.get(inst)
+        g = self.gen_of.get(inst, 0) + 1
+        self.gen_of[inst] = g
+        self.writers_of[inst] = [r + WRITER_STRIDE * g for r in self.ranks_of[inst]]
+        conn = self.conns.get(inst)
+        if conn is not None:
+            conn.send(t="RESET", session=self.session_for(inst))
+        self.fence_inst(inst, engine=old_engine, writers=old_writers)
+
+    def check_heartbeats(self, now):
+        for inst in list(self.alive):
+            if now - self.last_seen.get(inst, now) > self.hosts["dead_after_s"]:
+                self.on_dead(inst, declared=True)
+
+    def scan_landings(self):
+        """After a heal: bytes of the cut host's requests on a page they do not own."""
+        rids, healed = self.watch
+        if healed is None:
+            return
+        hdr = self.kv[:self.npages * self.ps].reshape(self.npages, self.ps)[:, :16]
+        hdr = np.ascontiguousarray(hdr).view(np.uint32)
+        for p in np.nonzero(hdr[:, 0] == MAGIC_DATA)[0]:
+            r = int(hdr[p, 1])
+            if r in rids and self.owner.get(int(p)) != r and (int(p), r) not in self.landed:
+                self.landed.add((int(p), r))
+                self.m["fenced_host_landings_after_heal"] += 1
 
     def try_fence(self):
         """Fences the ranks of dead instances once no data socket of ours is half-closed
@@ -388,12 +574,21 @@ class Decode:
         out["chunks_written"] = ps.get("chunks_written", 0)
         out["abort_to_release_ms_p50"] = pct(0.5)
         out["abort_to_release_ms_p99"] = pct(0.99)
+        fl = sorted(self.fail_lat)
+        out["fail_to_release_ms_p50"] = round(fl[len(fl) // 2], 1) if fl else None
+        out["fail_to_release_ms_max"] = round(fl[-1], 1) if fl else None
+        if self.hosts:
+            out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
+            out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
+            out["teardown_errors"] = self.teardown_errors
         out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0
         return out
 
 
-def run_mixed(cfg, rule):
-    """A seeded mixed load; the same schedule for every rule."""
+def run_mixed(cfg, rule, tick=None):
+    """A seeded mixed load; the same schedule for every rule. tick(decode, t) (hosts
+    mode) injects network faults; an instance found dead is respawned 0.5 s after its
+    old process exited (unless tick holds it)."""
     d = Decode(cfg, rule)
     rng = random.Random(cfg.seed)
     try:
@@ -421,6 +616,18 @@ def run_mixed(cfg, rule):
                     and respawn_at[0] not in d.pending_fence:
                 d.spawn(respawn_at[0])
                 respawn_at = None
+            if tick is not None:
+                tick(d, now - t0)
+            if d.hosts:
+                for inst, p in d.procs.items():
+                    if inst in d.conns or inst in d.hold_respawn or p.poll() is None \
+                            or inst in d.pending_fence \
+                            or (respawn_at and respawn_at[0] == inst):
+                        continue
+                    exited = d.exited_at.setdefault(inst, now)
+                    if now - exited >= 0.5:
+                        del d.exited_at[inst]
+                        d.spawn(inst)
             active = sum(1 for r in d.recs.values() if r.state in (TRANSFER, DECODING))
             alive = sorted(d.alive)
             while active < cfg.max_inflight and alive and len(d.free) >= cfg.pages_per_request:
@@ -444,8 +651,14 @@ def run_mixed(cfg, rule):
         while time.monotonic() - t1 < 3.0 and any(
                 r.state in (TRANSFER, DECODING) for r in d.recs.values()):
             d.step(0.005)
+        while d.hosts and (d.pending_fence or d.resets_pending) and time.monotonic() - t1 < 8.0:
+            d.step(0.005)  # a reset under way at the end of the load: its teardown ends
+        for _ in range(3):
+            d.step(0.005)  # (its releases drained)
         d.m["pages_held_awaiting_drain_at_end"] = sum(
             len(r.pages) for r in d.recs.values() if r.state == ABORTING)
+        d.m["failed_rooms_held_at_end"] = sum(
+            1 for r in d.recs.values() if r.t_fail is not None and not r.released)
         d.shutdown()
         return d.summary(duration)
     finally:

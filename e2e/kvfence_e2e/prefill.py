@@ -10,6 +10,12 @@ Every chunk write is guarded:
   unknown) keeps the room held, so no ACK is sent (the decode waits for a fence).
 * other rules: SGLang's scheme: an outstanding counter and an aborted flag under a lock; a
   failed write counts as finished; the last finished write of an aborted request ACKs.
+
+On a host of its own (e2e/run hosts): --ip, --ctl-host, heartbeats (--hb-ms), the session
+named by the decode's WELCOME, and RESET (kvfence, after a -1): a new Mooncake engine to
+the new session the decode names; every chunk carries the transport generation it was
+started under, and one of an older generation is dropped, never submitted; READY once
+switched.
 """
 from __future__ import annotations
 
@@ -68,7 +74,8 @@ class Rank:
             import kvfence
             self.kvfence = kvfence
             self.table = kvfence.RoomTable(4096, release_queue=False)
-        self.stats = {"chunks_written": 0, "stale_writes_refused": 0, "writes_failed": 0}
+        self.stats = {"chunks_written": 0, "stale_writes_refused": 0, "writes_failed": 0,
+                      "dropped_at_reset": 0}
         threading.Thread(target=self.worker, daemon=True).start()
         threading.Thread(target=self.transport, daemon=True).start()
 
@@ -135,6 +142,8 @@ class Rank:
                     self.work_cv.wait()
                 st = self.work.pop(0)
             for i, (chunk, dst) in enumerate(st.chunks):
+                gen = self.p.gen  # read before the transfer begins: a RESET in between
+                # leaves this chunk on the old transport, which is never submitted to
                 if self.table is not None:
                     try:
                         x = self.table.begin_transfer(st.src, peer=DECODE_PEER)
@@ -157,15 +166,14 @@ class Rank:
                 fill_page(view, st.req, chunk)  # "compute" the KV of this chunk
                 if st.notify:
                     self.send("COMMIT", st.req, st.h, chunk=chunk)
-                item = (st, chunk, x, slot, dst, chunk == st.fail_chunk)
+                item = (st, chunk, x, slot, dst, chunk == st.fail_chunk, gen)
                 with self.tx_cv:
                     heapq.heappush(self.heap, (time.monotonic() + st.delay, next(self.seq), item))
                     self.tx_cv.notify()
 
     # ---- transport: submits (after the throttle delay) and polls Mooncake ----
     def transport(self):
-        eng, sess = self.p.engine, self.p.session
-        inflight = []  # (transfer ids, item)
+        inflight = []  # (transfer ids, item, the engine they were submitted on)
         orphans = []  # ids still pending after their chunk was reported failed
         while True:
             now = time.monotonic()
@@ -178,32 +186,56 @@ class Rank:
                     self.tx_cv.wait(timeout)
                     continue
             for item in due:
-                st, chunk, x, slot, dst, fail = item
+                st, chunk, x, slot, dst, fail, gen = item
                 src = self.ring_addr + slot * self.ps
-                ids = [eng.transfer_submit_write(sess, src, dst, self.ps)]
-                if fail:  # plus a slice outside every registered buffer: it returns -1
-                    ids.append(eng.transfer_submit_write(sess, src, dst + BAD_OFFSET, 4096))
-                inflight.append((ids, item))
+                with self.p.lock:  # the transport of this chunk's generation, or none
+                    if gen != self.p.gen:
+                        self.dropped(item)  # started before a RESET: never submitted
+                        continue
+                    eng, sess = self.p.engine, self.p.session
+                    ids = [eng.transfer_submit_write(sess, src, dst, self.ps)]
+                    if fail:  # plus a slice outside every registered buffer: it returns -1
+                        ids.append(eng.transfer_submit_write(sess, src, dst + BAD_OFFSET, 4096))
+                inflight.append((ids, item, eng))
             keep = []
-            for ids, item in inflight:
+            for ids, item, eng in inflight:
+                if item[6] != self.p.gen:
+                    self.dropped(item)  # on a transport the decode has torn down: forgotten
+                    continue
                 # (get_batch_transfer_status on several batches in flight crashes the
                 # 0.3.13 wheel: single transfers + transfer_check_status are used instead)
                 res = [eng.transfer_check_status(i) for i in ids]
                 if any(r < 0 for r in res):
                     # the chunk failed; a sibling slice may still be landing
-                    orphans.extend(i for i, r in zip(ids, res) if r == 0)
+                    orphans.extend((i, eng) for i, r in zip(ids, res) if r == 0)
                     self.end(item, False)
                 elif all(r == 1 for r in res):
                     self.end(item, True)
                 else:
-                    keep.append(([i for i, r in zip(ids, res) if r != 1], item))
+                    keep.append(([i for i, r in zip(ids, res) if r != 1], item, eng))
             inflight = keep
-            orphans = [i for i in orphans if eng.transfer_check_status(i) == 0]
+            orphans = [(i, e) for i, e in orphans if e.transfer_check_status(i) == 0]
             if inflight or orphans:
                 time.sleep(0.0005)
 
+    def dropped(self, item):
+        """A chunk of a generation the decode has reset: its slot is reused (whatever the
+        old transport still reads from it goes to a fenced endpoint)."""
+        self.stats["dropped_at_reset"] += 1
+        with self.slot_cv:
+            self.free_slots.append(item[3])
+            self.slot_cv.notify()
+
+    def reset(self):
+        """RESET (the decode fenced this instance's transport): every source room written
+        through the old transport is given up (fence), the peer readmitted for new ones."""
+        if self.table is not None:
+            self.table.fence_rank(DECODE_PEER)
+            self.deliver()
+            self.table.readmit_rank(DECODE_PEER)
+
     def end(self, item, ok):
-        st, chunk, x, slot, dst, fail = item
+        st, chunk, x, slot, dst, fail, gen = item
         if ok:
             self.stats["chunks_written"] += 1
             with self.slot_cv:
@@ -212,13 +244,16 @@ class Rank:
         else:
             self.stats["writes_failed"] += 1  # the slot is never reused: a slice may still read it
         if self.table is not None:
-            if ok:
-                x.complete()
-            else:
-                x.fail()  # outcome unknown: the source room stays held
-                if not st.failed:
-                    st.failed = True
-                    self.send("FAIL", st.req, st.h)
+            try:
+                if ok:
+                    x.complete()
+                else:
+                    x.fail()  # outcome unknown: the source room stays held
+            except self.kvfence.Error:
+                return  # its room was fenced by a RESET meanwhile: nothing to report
+            if not ok and not st.failed:
+                st.failed = True
+                self.send("FAIL", st.req, st.h)
             with st.lock:
                 st.done += ok
                 last = st.done == len(st.chunks)
@@ -247,42 +282,80 @@ class Rank:
 
 class Proc:
     def __init__(self, a):
-        from mooncake.engine import TransferEngine
-        self.rule, self.inst = a.rule, a.inst
-        self.engine = TransferEngine()
-        if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
-            sys.exit("prefill: Mooncake initialize failed")
+        self.rule, self.inst, self.ip = a.rule, a.inst, a.ip
+        self.linger = a.linger_s
         ranks = [int(r) for r in a.ranks.split(",")]
         per = a.ring * a.page_size
         self.buf = np.zeros(per * len(ranks), dtype=np.uint8)
         base = self.buf.ctypes.data
-        if self.engine.register_memory(base, self.buf.size) != 0:
-            sys.exit("prefill: register_memory failed")
-        self.session = a.session
-        s = socket.create_connection(("127.0.0.1", a.ctl))
+        self.lock = threading.Lock()  # guards (engine, session, gen) against submissions
+        self.gen = 0  # the transport generation: +1 at every RESET
+        self.old_engines = []  # reset transports: kept (never destroyed while in use)
+        s = socket.create_connection((a.ctl_host, a.ctl))
         self.conn = Conn(s)
         self.conn.send(t="HELLO", inst=a.inst, ranks=ranks, pid=os.getpid())
         m = self.conn.recv()
         if m is None or m["t"] != "WELCOME":
             sys.exit("prefill: no WELCOME")
-        # Warm the Mooncake session (handshake) with one small write into the scratch page.
-        rc = self.engine.transfer_sync_write(self.session, base, m["scratch"], 64)
-        if rc != 0:
-            sys.exit("prefill: warm-up write failed")
+        self.scratch = m["scratch"]
+        self.engine = self.new_engine(m.get("session") or a.session)
+        if self.engine is None:
+            sys.exit("prefill: Mooncake initialize / register / warm-up write failed")
+        self.session = m.get("session") or a.session
+        if a.hb_ms > 0:
+            threading.Thread(target=self.heartbeat, args=(a.hb_ms / 1000.0,), daemon=True).start()
         self.ranks = {r: Rank(self, r, self.buf[i * per:(i + 1) * per], base + i * per, a.page_size)
                       for i, r in enumerate(ranks)}
         self.conn.send(t="READY", inst=a.inst)
+
+    def new_engine(self, session):
+        """A Mooncake engine with this instance's ring registered, its session to the
+        decode warmed (handshake) with one small write into the scratch page."""
+        from mooncake.engine import TransferEngine
+        e = TransferEngine()
+        if e.initialize(self.ip, "P2PHANDSHAKE", "tcp", "") != 0:
+            return None
+        base = self.buf.ctypes.data
+        if e.register_memory(base, self.buf.size) != 0:
+            return None
+        if e.transfer_sync_write(session, base, self.scratch, 64) != 0:
+            return None
+        return e
+
+    def heartbeat(self, every):
+        while self.conn.send(t="HB", inst=self.inst):
+            time.sleep(every)
+
+    def on_reset(self, m):
+        """The decode tore down our transport (a write returned -1) and fenced our ranks:
+        continue on a new engine, to the new session it names."""
+        e = self.new_engine(m["session"])
+        if e is None:
+            os._exit(3)  # the decode sees the EOF and fences (a new process is spawned)
+        with self.lock:
+            self.old_engines.append(self.engine)
+            self.engine, self.session = e, m["session"]
+            self.gen += 1
+        for r in self.ranks.values():
+            r.reset()
+        self.conn.send(t="READY", inst=self.inst)
 
     def serve(self):
         while True:
             m = self.conn.recv()
             if m is None:
-                os._exit(0)  # the decode is gone
+                # the decode is gone (or closed on us). On a host of its own the process
+                # keeps running a while, as an engine would until its own deadline: its
+                # queued writes go on being submitted and retransmitted
+                time.sleep(self.linger)
+                os._exit(0)
             t = m["t"]
             if t == "REQ":
                 self.ranks[m["rank"]].on_req(m)
             elif t == "ABORT":
                 self.ranks[m["rank"]].on_abort(m)
+            elif t == "RESET":
+                self.on_reset(m)
             elif t == "STOP":
                 tot = {}
                 for r in self.ranks.values():
@@ -301,7 +374,12 @@ def main():
     ap.add_argument("--inst", type=int, required=True)
     ap.add_argument("--ranks", required=True)
     ap.add_argument("--ctl", type=int, required=True)
-    ap.add_argument("--session", required=True)
+    ap.add_argument("--session", default=None, help="(else the decode's WELCOME names it)")
+    ap.add_argument("--ip", default="127.0.0.1", help="this host's address")
+    ap.add_argument("--ctl-host", default="127.0.0.1", help="the decode's address")
+    ap.add_argument("--hb-ms", type=float, default=0.0, help="heartbeat period (0: none)")
+    ap.add_argument("--linger-s", type=float, default=0.0,
+                    help="seconds to keep running after the control connection closed")
     ap.add_argument("--rule", required=True)
     ap.add_argument("--page-size", type=int, required=True)
     ap.add_argument("--ring", type=int, default=256)
