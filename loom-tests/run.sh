@@ -12,6 +12,8 @@
 #      --cfg kvfence_failed_counts_as_drained (failed transfer = drained)   -> model 10
 #      --cfg kvfence_racy_queue_pop           (queue pop: load + store)     -> model 11
 #      --cfg kvfence_quarantine_frees_pages   (quarantine frees the pages)  -> model 12
+#      --cfg kvfence_moving_fenced_set        (readmit moves an entry)      -> model 13
+#      --cfg kvfence_quarantine_mark_first    (mark, then close)            -> model 14
 # 3. Informational only (never changes the exit status):
 #      --cfg kvfence_unserialized_readmit -> m6_fence_vs_readmit_then_open is expected NOT to
 #        catch it (loom's one-last-access blind spot; tests/scanner_races.rs catches it).
@@ -163,6 +165,12 @@ expect_caught loom-racy-pop "--cfg loom --cfg kvfence_racy_queue_pop" racy_queue
 expect_caught loom-quarantine "--cfg loom --cfg kvfence_quarantine_frees_pages" \
     quarantine_frees_pages required \
     m12_quarantine:m12_quarantine
+expect_caught loom-moving-set "--cfg loom --cfg kvfence_moving_fenced_set" \
+    moving_fenced_set required \
+    m13_fenced_set_read:m13_fail_vs_readmit_and_fence_of_other_ranks
+expect_caught loom-quarantine-mark "--cfg loom --cfg kvfence_quarantine_mark_first" \
+    quarantine_mark_first required \
+    m14_quarantine_vs_completion:m14_quarantine_vs_last_completion
 
 # --- 3. informational -------------------------------------------------------------------
 # Loom's blind spot: the readmit-vs-running-fence race is not reachable in loom's model of

@@ -10,6 +10,13 @@
 #                                 one "last access" per atomic hides the scan's load).
 #   kvfence_racy_queue_pop        the release queue pops with a load + store, not one RMW:
 #                                 two drainers can deliver one release twice.
+#   kvfence_moving_fenced_set     (issue 18, item 1) readmit moves the fenced set's last
+#                                 entry into the removed one's place: a lock-free reader
+#                                 misses a rank that stayed fenced, so a failed transfer to
+#                                 it is registered instead of dropping its hold.
+#   kvfence_quarantine_mark_first (issue 18, item 2) quarantine stores a separate mark
+#                                 before its close: a refused quarantine still makes the
+#                                 release say Quarantined.
 # (The mutations the loom models and the property test catch are checked by
 # loom-tests/run.sh and scripts/fuzz-smoke.sh --mutations.)
 set -uo pipefail
@@ -36,6 +43,10 @@ check() {
 
 check kvfence_unserialized_readmit fence_then_readmit "released at once"
 check kvfence_racy_queue_pop queue_drainers "lost or delivered twice"
+check kvfence_moving_fenced_set failed_transfer_to_a_rank_that_stayed_fenced \
+    "registered instead of dropping its hold"
+check kvfence_quarantine_mark_first quarantine_vs_last_completion \
+    "refused (StaleHandle), yet"
 
 [ "$status" -eq 0 ] && echo "ok: every mutation is caught"
 exit "$status"

@@ -13,6 +13,8 @@
 #      --cfg kvfence_naive_release             -> abort_vs_transfer_in_flight
 #      --cfg kvfence_racy_queue_pop            -> release_queue_two_drainers
 #      --cfg kvfence_failed_counts_as_drained  -> failed_transfer_vs_fence
+#      --cfg kvfence_moving_fenced_set         -> fail_vs_readmit_and_fence_of_other_ranks
+#      --cfg kvfence_quarantine_mark_first     -> quarantine_vs_last_completion
 #
 # Each cfg set builds in its own subfolder of the target dir ($BASE/shuttle,
 # $BASE/shuttle-<mutation>), so switching RUSTFLAGS never forces a rebuild of another set.
@@ -121,6 +123,8 @@ expect_caught kvfence_unserialized_readmit fence_readmit fence_vs_readmit_then_o
 expect_caught kvfence_naive_release abort_vs_transfer abort_vs_transfer_in_flight
 expect_caught kvfence_racy_queue_pop release_queue release_queue_two_drainers
 expect_caught kvfence_failed_counts_as_drained failed_transfer failed_transfer_vs_fence
+expect_caught kvfence_moving_fenced_set fenced_set fail_vs_readmit_and_fence_of_other_ranks
+expect_caught kvfence_quarantine_mark_first quarantine quarantine_vs_last_completion
 
 # --- summary ----------------------------------------------------------------------------
 echo

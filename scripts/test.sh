@@ -52,6 +52,9 @@ bash e2e/hosts/ci.sh
 step "C ABI (ffi/): header fresh, C/C++ tests, ASan+UBSan, TSan, valgrind"
 bash ffi/ci.sh
 
+step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
+bash e2e/sglang/ci.sh
+
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else

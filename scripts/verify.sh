@@ -141,6 +141,7 @@ check RACY_POP              fail safety   -DQUEUE_ALL -DNDRAIN=2 -DNOPEN=2 -DNO_
 check CLOSE_IN_GAP          fail safety   -DNOPEN=1 -DNO_FENCE -DNXFER=0 -DNO_QUAR -DNO_RANK1 -DNREPLAY=0 -DCLOSE_IN_GAP
 check RELOAD_DROP           fail safety   -DNOPEN=1 -DNO_FENCE -DNO_QUAR -DRELOAD_DROP
 check NO_OPEN_RECHECK       fail liveness "${F1[@]}" -DLIVENESS -DNO_OPEN_RECHECK
+check QUAR_MARK_FIRST       fail safety   -DNOPEN=1 -DNO_FENCE -DNXFER=0 -DNO_RANK1 -DNREPLAY=0 -DQUAR_MARK_FIRST
 
 echo
 echo "SPIN summary ($(nproc) cores; memory = pan's total actual memory usage; search = pan's"

@@ -43,7 +43,7 @@ use crate::counters::Event;
 use crate::error::Error;
 pub use crate::room_word::Reason;
 use crate::room_word::{Hold, Refusal, Step};
-use crate::state::{mark, tagged, untag, RoomTable, Slot};
+use crate::state::{mark, queued_of, tagged, RoomTable, Slot, QUEUED};
 use crate::sync::Ordering;
 use crate::writers::Cleared;
 use crate::RoomHandle;
@@ -183,7 +183,7 @@ impl RoomTable {
         };
         if queue {
             slot.queued
-                .store(tagged(gen, reason.code()), Ordering::Release);
+                .store(tagged(gen, QUEUED | reason.code()), Ordering::Release);
             self.queue.push(index);
             // The release is decided and queued: a waiter for it may go on (and drain).
             slot.parking.notify();
@@ -244,6 +244,13 @@ impl RoomTable {
         }
     }
 
+    /// The generation and reason code queued in room `index`, whose queue bit we took.
+    fn queued_release(&self, index: usize) -> (u32, u32) {
+        // The bit was set after the tag was stored (`push` is `Release`, our take of the
+        // bit `Acquire`): the tag names a lifecycle.
+        queued_of(self.slots[index].0.queued.load(Ordering::Relaxed)).unwrap_or((0, 0))
+    }
+
     /// Takes one release from the release queue and delivers it (pool pages go back, the
     /// room index returns to service). `None` if the queue is empty.
     ///
@@ -260,7 +267,7 @@ impl RoomTable {
     /// ```
     pub fn pop_released(&self) -> Option<Released> {
         let index = self.queue.pop()?;
-        let (gen, code) = untag(self.slots[index].0.queued.load(Ordering::Relaxed));
+        let (gen, code) = self.queued_release(index);
         Some(self.deliver(index, gen, Reason::from_code(code), true))
     }
 
@@ -291,7 +298,7 @@ impl RoomTable {
     /// ABI). Still one pass over the bitmap.
     pub fn drain_released_max(&self, out: &mut Vec<Released>, max: usize) -> usize {
         self.queue.drain(max, |index| {
-            let (gen, code) = untag(self.slots[index].0.queued.load(Ordering::Relaxed));
+            let (gen, code) = self.queued_release(index);
             out.push(self.deliver(index, gen, Reason::from_code(code), true));
         })
     }

@@ -49,6 +49,22 @@ pub(crate) const fn untag(word: u64) -> (u32, u32) {
     ((word >> 32) as u32, word as u32)
 }
 
+/// The flag of a [`Slot::queued`] value that says it names a lifecycle: the initial 0
+/// must not read as "generation 0 was queued" (found by the loom and shuttle wait models
+/// once waits accepted a queued release, issue 18 item 9).
+pub(crate) const QUEUED: u32 = 1 << 31;
+
+/// A [`Slot::queued`] value: the generation and reason code of the release it queued, or
+/// `None` for the initial value.
+pub(crate) const fn queued_of(word: u64) -> Option<(u32, u32)> {
+    let (gen, value) = untag(word);
+    if value & QUEUED != 0 {
+        Some((gen, value & !QUEUED))
+    } else {
+        None
+    }
+}
+
 /// A mark for lifecycle `gen` (never 0, the initial value).
 pub(crate) const fn mark(gen: u32) -> u64 {
     1 << 32 | gen as u64
@@ -84,7 +100,8 @@ pub(crate) struct Slot {
     /// MUTATION (test-only): the pre-fix quarantine mark, stored apart from the room word.
     #[cfg(kvfence_quarantine_mark_first)]
     pub(crate) quarantine_mark: AtomicU64,
-    /// `tagged(gen, reason)` of a release waiting in the release queue.
+    /// `tagged(gen, QUEUED | reason)` of the release last put in the release queue (0:
+    /// none yet; see [`queued_of`]).
     pub(crate) queued: AtomicU64,
     /// Every lifecycle of a generation below this one has *finished* its release (pages
     /// and room index handed back). Advanced only forward, by whoever delivers a release;

@@ -26,7 +26,7 @@ use crate::counters::Event;
 use crate::error::Error;
 use crate::handle::RoomHandle;
 use crate::room_word::Phase;
-use crate::state::{untag, RoomTable};
+use crate::state::{queued_of, untag, RoomTable};
 use crate::sync::{fence, Ordering};
 use crate::writers::Fanout;
 use std::time::Duration;
@@ -204,7 +204,9 @@ impl RoomTable {
                     return Snapshot::Free;
                 }
                 // Released but not yet delivered: its release waits in the queue.
-                let (qgen, _) = untag(slot.queued.load(Ordering::Relaxed));
+                let Some((qgen, _)) = queued_of(slot.queued.load(Ordering::Relaxed)) else {
+                    return Snapshot::Free;
+                };
                 let (sgen, pages) = untag(slot.sized.load(Ordering::Relaxed));
                 let queued = qgen.wrapping_add(1) == gen
                     && slot.released_below.load(Ordering::Acquire) != gen

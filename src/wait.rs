@@ -48,7 +48,7 @@
 use crate::error::Error;
 use crate::handle::RoomHandle;
 use crate::room_word::Phase;
-use crate::state::{untag, RoomTable, Slot};
+use crate::state::{queued_of, RoomTable, Slot};
 use crate::sync::Ordering;
 use std::time::{Duration, Instant};
 
@@ -58,12 +58,12 @@ fn idle(slot: &Slot) -> bool {
     let released_below = slot.released_below.load(Ordering::Acquire);
     let state = slot.word.load(Ordering::Acquire);
     state.phase() == Phase::Free
-        && (state.gen() == released_below || queued_gen(slot) == state.gen().wrapping_sub(1))
+        && (state.gen() == released_below || queued_gen(slot) == Some(state.gen().wrapping_sub(1)))
 }
 
 /// The generation whose release was last queued in this slot.
-fn queued_gen(slot: &Slot) -> u32 {
-    untag(slot.queued.load(Ordering::Acquire)).0
+fn queued_gen(slot: &Slot) -> Option<u32> {
+    queued_of(slot.queued.load(Ordering::Acquire)).map(|(gen, _)| gen)
 }
 
 /// `Some(now + timeout)`, or `None` (wait forever) if that is beyond what `Instant` holds.
@@ -84,7 +84,7 @@ impl RoomTable {
             // Over: wait until its release has handed the pages and index back, or is in
             // the release queue.
             behind if behind > 0 => {
-                (released_below.wrapping_sub(gen) as i32) > 0 || queued_gen(slot) == gen
+                (released_below.wrapping_sub(gen) as i32) > 0 || queued_gen(slot) == Some(gen)
             }
             // Ahead of the room (never issued): nothing to wait for.
             _ => true,

@@ -1,7 +1,9 @@
 //! Real-thread stress tests of every scanner racing a lifecycle: `fence_rank` (vs
 //! `readmit_rank` + `open`, vs `open`, and vs a transfer to the fenced peer ending as
-//! failed), `wait_released`, `wait_idle`, `stats`, and the release queue's drainers vs the
-//! threads pushing releases into it.
+//! failed), `wait_released`, `wait_idle`, `stats`, the release queue's drainers vs the
+//! threads pushing releases into it, the fenced set's lock-free membership read vs
+//! readmits and fences of other ranks, and `quarantine` vs the last transfer's completion
+//! (issue 18, items 1 and 2).
 //!
 //! Why these exist beside the loom models: loom keeps one "last access" per atomic, so a
 //! scanner's load that races a load-then-store of the same word (open's load of the room
@@ -20,7 +22,7 @@
 // ThreadSanitizer instead (scripts/tsan.sh).
 #![cfg(not(miri))]
 
-use kvfence::{Config, Error, Phase, Quiesced, RoomHandle, RoomTable};
+use kvfence::{Config, Error, Phase, Quiesced, Reason, RoomHandle, RoomTable};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -45,6 +47,16 @@ fn timed<R>(f: impl FnOnce() -> R) -> (R, (u64, u64)) {
     let start = ticket();
     let r = f();
     (r, (start, ticket()))
+}
+
+/// Runs `f`, returning its result and the monotonic clock's readings around it. For races
+/// of calls a few nanoseconds long, where the tickets' shared counter would itself
+/// serialise the two threads right before their calls (`Instant` is a vDSO clock read:
+/// no shared cache line; the monotonic clock is consistent across cores).
+fn clocked<R>(f: impl FnOnce() -> R) -> (R, (Instant, Instant)) {
+    let start = Instant::now();
+    let r = f();
+    (r, (start, Instant::now()))
 }
 
 fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -328,7 +340,7 @@ fn stats_vs_lifecycles_reports_each_room_consistently() {
 fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
     const ROOMS: usize = 64;
     let t = RoomTable::new(Config::gate(ROOMS).release_queue(true)).unwrap();
-    let runs = 200 * scale();
+    let runs = 500 * scale();
     let mut hits = 0;
     for run in 0..runs {
         let rooms: Vec<RoomHandle> = (0..ROOMS as u64)
@@ -356,15 +368,25 @@ fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
                     })
                 })
                 .collect();
+            // One drainer pops (`pop_released`), the other drains (`drain_released`: one
+            // pass, a swap per word): both ways of taking a queue bit race each other and
+            // the pushes. (`kvfence_racy_queue_pop` breaks only the pop: since issue 18's
+            // one-pass drain, two `drain_released` drainers no longer caught it.)
             let drainers: Vec<_> = (0..2)
-                .map(|_| {
+                .map(|d| {
                     let (t, start, done) = (&t, &start, &done);
                     s.spawn(move || {
                         start.wait();
                         let mut got = Vec::new();
                         let ((), span) = timed(|| loop {
                             let finished = done.load(Ordering::SeqCst);
-                            t.drain_released(&mut got);
+                            if d == 0 {
+                                while let Some(r) = t.pop_released() {
+                                    got.push(r);
+                                }
+                            } else {
+                                t.drain_released(&mut got);
+                            }
                             if finished {
                                 break;
                             }
@@ -433,4 +455,231 @@ fn fence_vs_failed_transfer_never_strands_a_room() {
         assert!(t.readmit_rank(0).unwrap());
     }
     report("fence_vs_failed_transfer", hits, runs);
+}
+
+/// Issue 18, item 1: the fenced set's membership read (`fail()` of a transfer whose peer
+/// is fenced reads it without the lock) racing `readmit_rank` + `fence_rank` of *other*
+/// ranks must always find a rank that stayed fenced for the whole read. A miss registers
+/// the failure instead of dropping its hold, after that rank's fence already swept the
+/// registry: the room stays held until the rank is fenced again.
+///
+/// 200 ranks are fenced (`max_fenced(200)`). The cycler thread, at iteration `i`, re-admits
+/// rank `i % 200` and fences it again, publishing `i` once that fence returned. The main
+/// thread reads the latest published iteration `e`, takes `B = e % 200` (the rank fenced
+/// last: under the pre-fix set it sits in the last entry, the one the next readmit moves),
+/// fails a transfer to `B` on an aborted room that nothing else holds, and accepts the
+/// sample only if the cycler had not yet begun iteration `e + 200` (the readmit of `B`)
+/// when `fail()` returned: an epoch counter proves `B` stayed fenced the whole time. Each
+/// such failure must drop its hold at once: `fail()` returns the release. The window: the
+/// `fail()` overlapped a readmit (its readmits-begun count moved past the readmits-ended
+/// count read before the call). Fails under `--cfg kvfence_moving_fenced_set` with
+/// "registered instead of dropping its hold".
+#[test]
+fn failed_transfer_to_a_rank_that_stayed_fenced_drops_its_hold_at_once() {
+    const RANKS: u64 = 200;
+    let t = RoomTable::new(Config::gate(64).max_fenced(RANKS as usize)).unwrap();
+    for r in 0..RANKS as u32 {
+        let _ = t.fence_rank(r).unwrap();
+    }
+    // Iteration numbers: `began` = the last readmit begun, `ended` = the last one ended,
+    // `fenced_at` = the last iteration whose fence returned. Iteration `i` handles rank
+    // `i % RANKS`; the initial fences count as iterations 0..RANKS.
+    let began = AtomicU64::new(RANKS - 1);
+    let ended = AtomicU64::new(RANKS - 1);
+    let fenced_at = AtomicU64::new(RANKS - 1);
+    let stop = AtomicBool::new(false);
+    // Time-bound: 6 s (an idle core pair runs some 500,000 fails a second).
+    let runs = 50_000_000 * scale();
+    let deadline = Instant::now() + Duration::from_secs(6 * scale() as u64);
+    let (mut proven, mut hits, mut done) = (0usize, 0usize, 0usize);
+    let mut missed: Option<String> = None;
+    std::thread::scope(|s| {
+        let cycler = s.spawn(|| {
+            let mut i = RANKS;
+            while !stop.load(Ordering::Relaxed) {
+                let rank = (i % RANKS) as u32;
+                began.store(i, Ordering::SeqCst);
+                assert!(t.readmit_rank(rank).unwrap());
+                ended.store(i, Ordering::SeqCst);
+                let _ = t.fence_rank(rank).unwrap();
+                fenced_at.store(i, Ordering::SeqCst);
+                i += 1;
+            }
+            i - RANKS
+        });
+        for run in 0..runs {
+            if run % 1024 == 0 && Instant::now() > deadline {
+                break;
+            }
+            done += 1;
+            let e = fenced_at.load(Ordering::SeqCst);
+            let b = (e % RANKS) as u32;
+            let h = t.open_gate(&[], run as u64, vec![]).unwrap();
+            let transfer = t.begin_transfer_to(h, b).unwrap();
+            assert!(t.abort(h).unwrap().released.is_none());
+            let ended_before = ended.load(Ordering::SeqCst);
+            let released = transfer.fail();
+            let began_after = began.load(Ordering::SeqCst);
+            if began_after >= e + RANKS {
+                // B may have been re-admitted meanwhile: not a proof. Tidy up.
+                // (Or B's next fence already ended it: then the quarantine is stale.)
+                if released.is_none() {
+                    let _ = t.quarantine(h);
+                }
+                continue;
+            }
+            proven += 1;
+            hits += usize::from(began_after > ended_before);
+            match released {
+                Some(r) => assert_eq!((r.handle, r.reason), (h, Reason::Aborted)),
+                None => {
+                    let status = t.room_status(h);
+                    missed = Some(format!(
+                        "run {run}: fail() of a transfer to rank {b}, fenced the whole time \
+                         (fenced at iteration {e}, readmits begun by the end: {began_after}), \
+                         was registered instead of dropping its hold: the room stays held \
+                         ({status:?})"
+                    ));
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        let cycles = cycler.join().unwrap();
+        println!(
+            "scanner-race fenced_set_read: {done} fails, {proven} to a rank proven fenced \
+             throughout, {cycles} readmit+fence cycles"
+        );
+    });
+    if let Some(m) = missed {
+        panic!("{m}");
+    }
+    assert_eq!(t.stats().rooms.free, 64, "a room was left held");
+    report("fenced_set_read_vs_readmit_and_fence", hits, proven);
+}
+
+/// Issue 18, item 2: `quarantine` of a draining room racing the completion of its last
+/// transfer. Exactly one of them decides the release: either the quarantine closed the
+/// room first (it returns `Ok`, and the completion's release says `Quarantined`) or the
+/// completion released it first (the quarantine is refused with `StaleHandle` and the
+/// release says `Finished`). Never "refused, yet quarantined": the pages of a room that
+/// drained on its own would be lost for good while the call that did it said it did
+/// nothing.
+///
+/// Rooms are prepared in batches (`finish`ed, each held by one transfer); one thread
+/// completes the transfers in order, another quarantines the same rooms in order, in
+/// lockstep (each waits for the other to reach the same room), one side first spinning a
+/// varying few pauses (0-7) so that the two calls' relative timing sweeps the window. The
+/// window: the two calls overlapped in time (monotonic clock readings around each call,
+/// not tickets: see `clocked`). Runs 400 batches or 9 s (up to 30 s while the window was
+/// never hit). Fails under
+/// `--cfg kvfence_quarantine_mark_first` with "refused (StaleHandle), yet".
+#[test]
+fn quarantine_vs_last_completion_is_decided_by_one_step() {
+    const BATCH: usize = 1000;
+    let t = RoomTable::new(Config::gate(BATCH)).unwrap();
+    let batches = 400 * scale();
+    // 9 s, or up to 30 s while the window was never hit: on a loaded box the two threads
+    // may not run in parallel for a while (each handshake then costs a time slice).
+    let began = Instant::now();
+    let (soft, hard) = (9 * scale() as u64, 30 * scale() as u64);
+    let (mut runs, mut hits, mut quarantined, mut refused) = (0usize, 0usize, 0usize, 0usize);
+    let mut wrong: Option<String> = None;
+    'batches: for batch in 0..batches {
+        let elapsed = began.elapsed().as_secs();
+        if elapsed >= hard || (elapsed >= soft && hits > 0) {
+            break;
+        }
+        let mut handles = Vec::with_capacity(BATCH);
+        let mut guards = Vec::with_capacity(BATCH);
+        for k in 0..BATCH {
+            let h = t.open_gate(&[], k as u64, vec![k as u32]).unwrap();
+            guards.push(t.begin_transfer(h).unwrap());
+            assert!(t.finish(h).unwrap().is_none(), "held by its transfer");
+            handles.push(h);
+        }
+        // Lockstep: each side publishes the index of the room it is about to race.
+        let at_c = AtomicU64::new(0);
+        let at_q = AtomicU64::new(0);
+        let wait_for = |other: &AtomicU64, k: u64| {
+            let mut spins = 0u32;
+            while other.load(Ordering::Acquire) < k {
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        };
+        // The delay (in `spin_loop` pauses) one side waits before its call: 0..8 on the
+        // completer, then 1..8 on the quarantiner, varying with the room and the batch.
+        let delay = |k: usize, mine: usize| {
+            let j = (k * 5 + batch) % 16;
+            let n = if j / 8 == mine { j % 8 } else { 0 };
+            for _ in 0..n {
+                std::hint::spin_loop();
+            }
+        };
+        let (completed, quarantines) = std::thread::scope(|s| {
+            let completer = s.spawn(|| {
+                let mut out = Vec::with_capacity(BATCH);
+                for (k, guard) in guards.into_iter().enumerate() {
+                    at_c.store(k as u64 + 1, Ordering::Release);
+                    wait_for(&at_q, k as u64 + 1);
+                    delay(k, 0);
+                    out.push(clocked(|| guard.complete()));
+                }
+                out
+            });
+            let quarantiner = s.spawn(|| {
+                let mut out = Vec::with_capacity(BATCH);
+                for (k, &h) in handles.iter().enumerate() {
+                    at_q.store(k as u64 + 1, Ordering::Release);
+                    wait_for(&at_c, k as u64 + 1);
+                    delay(k, 1);
+                    out.push(clocked(|| t.quarantine(h)));
+                }
+                out
+            });
+            (completer.join().unwrap(), quarantiner.join().unwrap())
+        });
+        for (k, ((released, c), (q, qs))) in completed.into_iter().zip(quarantines).enumerate() {
+            runs += 1;
+            hits += usize::from(c.0 < qs.1 && qs.0 < c.1);
+            let r = released.expect("the transfer held the room: its completion releases it");
+            assert_eq!(r.handle, handles[k]);
+            match (&q, r.reason) {
+                (Ok(None), Reason::Quarantined) => quarantined += 1,
+                (Err(Error::StaleHandle), Reason::Finished) => refused += 1,
+                (Err(Error::StaleHandle), Reason::Quarantined) => {
+                    wrong = Some(format!(
+                        "batch {batch} room {k}: quarantine was refused (StaleHandle), yet \
+                         the release says Quarantined: the pages of a room that drained on \
+                         its own are lost for good"
+                    ));
+                    break 'batches;
+                }
+                (q, reason) => {
+                    wrong = Some(format!(
+                        "batch {batch} room {k}: quarantine returned {q:?}, the release says \
+                         {reason:?}"
+                    ));
+                    break 'batches;
+                }
+            }
+        }
+    }
+    println!(
+        "scanner-race quarantine_vs_completion: {runs} races, quarantine won {quarantined}, \
+         completion won {refused}"
+    );
+    if let Some(m) = wrong {
+        panic!("{m}");
+    }
+    assert!(
+        quarantined > 0 && refused > 0,
+        "only one side ever won: the race was never balanced"
+    );
+    report("quarantine_vs_last_completion", hits, runs);
 }

@@ -1,7 +1,11 @@
 //! (c) The release queue: releases pushed by ACK threads and drained by two drainer
 //! threads at the same time. Each release is delivered exactly once (and a room's pages are
-//! freed by the engine once). Must fail under `--cfg kvfence_racy_queue_pop` (the pop takes
-//! the queue bit with a load and a store: two drainers can deliver one release twice).
+//! freed by the engine once). One drainer pops (`pop_released`), the other drains
+//! (`drain_released`). Must fail under `--cfg kvfence_racy_queue_pop` (the pop takes the
+//! queue bit with a load and a store: a release is delivered twice, or a concurrent push
+//! lost). Since issue 18 the drain takes a word's bits with one swap and the mutation
+//! breaks only `pop_released`: with two `drain_released` drainers this test no longer
+//! caught it.
 #![cfg(shuttle)]
 
 mod common;
@@ -34,16 +38,23 @@ fn model() {
             }
         })
     };
-    // Two drainers (the scheduler loop and, say, a shutdown path) drain at the same time.
+    // Two drainers (the scheduler loop and, say, a shutdown path) drain at the same time:
+    // one with `pop_released` (one release per call), one with `drain_released` (one pass,
+    // a swap per word), so that both ways of taking a queue bit race each other and the
+    // pushes (`kvfence_racy_queue_pop` breaks the pop only).
     let drainers: Vec<_> = (0..2)
-        .map(|_| {
+        .map(|d| {
             let (t, done, freed) = (t.clone(), done.clone(), freed.clone());
             thread::spawn(move || {
                 let mut got = Vec::new();
                 loop {
                     let finished = done.load(Ordering::SeqCst);
                     let before = got.len();
-                    t.drain_released(&mut got);
+                    if d == 0 {
+                        got.extend(t.pop_released());
+                    } else {
+                        t.drain_released(&mut got);
+                    }
                     for r in &got[before..] {
                         assert_eq!(r.reason, Reason::Aborted);
                         // The engine frees the release's pages.

@@ -230,7 +230,8 @@ pub struct SimArgs {
             "The default is the measured time the decode needs to prove on its own that a ",
             "dead peer's transport is gone (\"declare the peer dead\" -> \"proven torn down\"), ",
             "on the real engine over Mooncake TCP; source: e2e/hosts/TEARDOWN.md ",
-            "(MEASURED_TEARDOWN_MS; a placeholder until that measurement lands). ",
+            "(MEASURED_TEARDOWN_MS: the median of 178 tries, min 64, p90 237, max 347 ms, ",
+            "measured from \"declared dead\"; run here from the death, unscaled: conservative). ",
             "The 30 s assumed before: --teardown assumed-30s."
         ),
         conflicts_with = "teardown"
@@ -714,7 +715,7 @@ mod tests {
         ("", "--teardown-ms 23", |c| sim(c).teardown_ms == 23),
         ("", "--teardown assumed-30s", |c| sim(c).teardown_ms == 300),
         ("", "--abort-rate 0.3", |c| sim(c).abort_rate == 0.3),
-        ("", "--death-period-ms 24", |c| sim(c).death_period_ms == 24),
+        ("", "--death-period-ms 2400", |c| sim(c).death_period_ms == 2400),
         ("", "--ack-delay-us 25", |c| sim(c).ack_delay_us == 25),
         ("", "--ack-drop 0.25", |c| sim(c).ack_drop == 0.25),
         ("", "--ack-dup 0.26", |c| sim(c).ack_dup == 0.26),

@@ -35,6 +35,10 @@
  *      all ACKed or were fenced (or it was quarantined) and whose transfers completed (or
  *      failed and their peer was then fenced, or it was quarantined) is eventually
  *      released and delivered (word FREE and index back in the room bitmap).
+ *  (e) assert: a quarantine decides with the close or changes nothing: a lifecycle whose
+ *      release is reported Quarantined had no quarantine call refused (StaleHandle), and
+ *      a refused quarantine's lifecycle is never released as Quarantined (checked both
+ *      at the release and at the refusal, whichever comes second).
  *
  * Variants (-D...), each must break a property:
  *   NAIVE_RELEASE         abort releases at once ("free at abort")                  (a)
@@ -54,6 +58,8 @@
  *   CLOSE_IN_GAP          close accepts a closing room at 0 holds                   (b)
  *   RELOAD_DROP           drop_hold decides from a fresh load, not the fetch_sub   (b)
  *   NO_OPEN_RECHECK       open does not re-read the fenced ranks after publishing   (d)
+ *   QUAR_MARK_FIRST       the pre-fix quarantine: a separate mark stored before its
+ *                         close, read by the releaser after the deciding RMW        (e)
  */
 
 #define NR 2            /* rooms */
@@ -118,6 +124,10 @@
 #endif
 
 #define LC(i, g)   ((i) * NG + (g))     /* lifecycle id: room i, generation g */
+/* What the deciding RMW observed, for the release's reason: the closing phase, or
+   CLOSED_Q for a quarantined (Aborting + Q) word. */
+#define CLOSED_Q   4
+#define CPH(i)     (qbit[i] -> CLOSED_Q : ph[i])
 #define B(x)       (1 << (x))
 #define CLOSING(i) (ph[i] == ABORTING || ph[i] == DRAINING)
 
@@ -134,7 +144,12 @@ byte plist[NR];     /* Slot::pages, the UnsafeCell page list, as a page set */
 byte fenced;        /* RoomTable::fenced (FencedRanks), bit r */
 bit  fmutex;        /* RoomTable::fence_lock */
 byte rbmark[NR];    /* Slot::rolled_back: gen + 1 of the rolled-back lifecycle, 0 none */
-byte qmark[NR];     /* Slot::quarantined: gen + 1 of the quarantined lifecycle, 0 none */
+byte qbit[NR];      /* room word: the quarantine bit Q (RoomWord::quarantine sets it in the
+                       CAS that closes the room; the word's release clears it) */
+#ifdef QUAR_MARK_FIRST
+byte qmark[NR];     /* MUTATION: the pre-fix Slot::quarantine_mark (gen + 1 of the marked
+                       lifecycle, 0 none), stored before quarantine's close */
+#endif
 bit  flock;         /* RoomTable::failed (the Mutex of the failed-transfer registry) */
 bit  freg;          /* ... the registry holds the (one) failed transfer */
 byte fidx, fgen;    /* ... FailedTransfer { index, gen, */
@@ -160,6 +175,8 @@ byte page_lc[NP];       /* lifecycle owning each page, + 1; 0 = in the pool */
 byte lc_pages[2 * NG];  /* each lifecycle's pages (fixed once published) */
 byte qpages;            /* pages quarantined (out of the pool for good) */
 byte relset;            /* lifecycles whose release was decided */
+byte quaset;            /* lifecycles whose release was reported Quarantined */
+byte qref;              /* lifecycles whose quarantine call was refused (StaleHandle) */
 byte delset;            /* lifecycles whose release was delivered */
 byte xst;               /* the transfer: 0 none/completed, 1 live, 2 failed (bytes may land) */
 byte xlc;               /* ... its lifecycle */
@@ -272,9 +289,10 @@ inline deliver_tail(i, l, rsn) {
     assert(INVARIANT)
 }
 
-/* RoomTable::release_to after the deciding RMW (and, for drop_hold, its store): loads of
-   the rolled-back and quarantined marks; then deliver (directly), or queue: store
-   Slot::queued, PendingSet::push (count fetch_add, bit fetch_or). One step. */
+/* RoomTable::release_to after the deciding RMW (and, for drop_hold, its store): load of
+   the rolled-back mark; the reason from what the deciding RMW observed (cph: the closing
+   phase, or CLOSED_Q); then deliver (directly), or queue: store Slot::queued,
+   PendingSet::push (count fetch_add, bit fetch_or). One step. */
 inline release_to(i, g, cph, toq) {
     d_step {
         rl = LC(i, g);
@@ -284,13 +302,22 @@ inline release_to(i, g, cph, toq) {
            rsn = R_ABT; deliver_tail(i, rl, rsn)
         :: else ->
 #ifdef QUARANTINE_FREES
-           rsn = (cph == ABORTING -> R_ABT : R_FIN);   /* MUTATION */
+           rsn = (cph == ABORTING || cph == CLOSED_Q -> R_ABT : R_FIN);   /* MUTATION */
 #else
-           if
-           :: qmark[i] == g + 1 -> rsn = R_QUA
-           :: else -> rsn = (cph == ABORTING -> R_ABT : R_FIN)
-           fi;
+           /* the reason is the one the deciding RMW observed (phase and Q) */
+           rsn = (cph == CLOSED_Q -> R_QUA : (cph == ABORTING -> R_ABT : R_FIN));
+#ifdef QUAR_MARK_FIRST
+           /* MUTATION: the pre-fix release_to, which read a separate mark after the RMW */
+           if :: qmark[i] == g + 1 -> rsn = R_QUA :: else fi;
 #endif
+#endif
+           /* ghost for (e): a release reported Quarantined; its quarantine was not refused */
+           if
+           :: rsn == R_QUA ->
+              assert((qref & B(rl)) == 0);
+              quaset = quaset | B(rl)
+           :: else
+           fi;
            if
            :: (toq || QALL) ->
               printf("release of lifecycle %d pushed to the release queue\n", rl);
@@ -318,7 +345,7 @@ inline drop_hold(i, g, x, toq) {
            holds[i]--;
            if
            :: (holds[i] == 0 && CLOSING(i)) ->
-              cph = ph[i]; ph[i] = FREE; wgen[i] = g + 1; res = REL; decide_release(rl)
+              cph = CPH(i); ph[i] = FREE; qbit[i] = 0; wgen[i] = g + 1; res = REL; decide_release(rl)
            :: else -> res = HELD
            fi
         fi
@@ -332,12 +359,12 @@ inline drop_hold(i, g, x, toq) {
     };
     d_step {
         if
-        :: (holds[i] == 0 && CLOSING(i)) -> cph = ph[i]; res = REL; decide_release(rl)
+        :: (holds[i] == 0 && CLOSING(i)) -> cph = CPH(i); res = REL; decide_release(rl)
         :: else -> res = HELD
         fi
     };
     if
-    :: res == REL -> d_step { ph[i] = FREE; holds[i] = 0; wgen[i] = g + 1 }
+    :: res == REL -> d_step { ph[i] = FREE; qbit[i] = 0; holds[i] = 0; wgen[i] = g + 1 }
     :: else
     fi;
 #else
@@ -347,7 +374,7 @@ inline drop_hold(i, g, x, toq) {
         holds[i]--;
         if :: x == 1 -> xst = 0; xhold = 0 :: x == 2 -> xhold = 0 :: else fi;
         if
-        :: (holds[i] == 0 && CLOSING(i)) -> cph = ph[i]; res = REL; decide_release(rl)
+        :: (holds[i] == 0 && CLOSING(i)) -> cph = CPH(i); res = REL; decide_release(rl)
         :: else -> res = HELD
         fi
     };
@@ -356,7 +383,7 @@ inline drop_hold(i, g, x, toq) {
        /* the plain store of FREE, gen + 1: the word must still be frozen */
        d_step {
            assert(holds[i] == 0 && wgen[i] == g && CLOSING(i));
-           ph[i] = FREE; wgen[i] = g + 1
+           ph[i] = FREE; qbit[i] = 0; wgen[i] = g + 1
        }
     :: else
     fi;
@@ -427,6 +454,7 @@ inline close(i, g, to, toq) {
 #endif
               if
               :: holds[i] == 0 ->
+                 assert(qbit[i] == 0);   /* a quarantined room is Aborting: refused above */
                  ph[i] = FREE; wgen[i] = g + 1; res = REL; decide_release(rl)
               :: else -> ph[i] = to; res = HELD
               fi
@@ -672,6 +700,8 @@ open_out: skip;
        :: act0 == 2 -> close(i, g, ABORTING, 0)
        :: act0 == 3 ->
           /* RoomTable::quarantine(h) */
+#ifdef QUAR_MARK_FIRST
+          /* MUTATION (the pre-fix quarantine): load the word, store the mark, then close */
           d_step {
               if
               :: (wgen[i] != g || ph[i] == FREE) -> res = STALE
@@ -679,12 +709,44 @@ open_out: skip;
               fi
           };
           if
-          :: res == OK ->
-             /* quarantined.fetch_update: mark, unless a newer lifecycle is marked */
-             d_step { if :: (qmark[i] > g + 1) :: else -> qmark[i] = g + 1 fi };
-             close(i, g, ABORTING, 0);
-             if
-             :: (res == HELD || res == PHASE) ->
+          :: res == OK -> d_step { if :: (qmark[i] > g + 1) :: else -> qmark[i] = g + 1 fi;
+                                   printf("quarantine stored its mark (MUTATION: before its close)\n") }
+          :: else
+          fi;
+#endif
+          /* RoomWord::quarantine(g): one CAS sets Q and closes the room to Aborting (from
+             Owned, Draining or Aborting), releasing it in the same CAS if nothing holds
+             it; refused (nothing changes) if stale or in the release gap */
+          rl = LC(i, g);
+          d_step {
+              if
+              :: (wgen[i] != g || ph[i] == FREE) -> res = STALE
+              :: (CLOSING(i) && holds[i] == 0) -> res = STALE   /* the release gap */
+              :: else ->
+                 qbit[i] = 1; ph[i] = ABORTING;
+                 if
+                 :: holds[i] == 0 ->
+                    cph = CPH(i); ph[i] = FREE; qbit[i] = 0; wgen[i] = g + 1; res = REL;
+                    decide_release(rl)
+                 :: else -> res = HELD
+                 fi
+              fi;
+              if
+              :: res == STALE ->
+                 /* ghost for (e): refused; its lifecycle's release must not say Quarantined */
+                 printf("quarantine of room %d gen %d refused: StaleHandle\n", i, g);
+                 assert((quaset & B(rl)) == 0);
+                 qref = qref | B(rl)
+              :: else
+              fi
+          };
+          if
+          :: res == REL -> release_to(i, g, cph, 0)
+          :: else
+          fi;
+          cph = 0;
+          if
+          :: res == HELD ->
                 /* give up every pending writer */
                 d_step { post = (mgen[i] == g -> mpend[i] : 0) };
                 r = 0;
@@ -713,8 +775,6 @@ open_out: skip;
                 };
 #endif
                 skip
-             :: else
-             fi
           :: else
           fi
        fi;
@@ -832,7 +892,7 @@ proctype Xfer() {
              atomic {
                  flock == 0 -> flock = 1; xst = 2;
                  printf("transfer fails (outcome %d; 2 = dropped without outcome)\n", oc);
-                 xq = (qmark[i] == g + 1)
+                 xq = qbit[i]   /* our hold keeps the word in our lifecycle */
              };
              d_step {
                  if

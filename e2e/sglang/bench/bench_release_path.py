@@ -1,0 +1,302 @@
+"""The decode release path per request and the prefill cost per chunk, stock SGLang 0.5.23
+vs kvfence.sglang, side by side in one process (``install()`` / ``uninstall()`` between
+rounds, alternating), at 10, 1,000 and 10,000 requests in flight.
+
+    python e2e/sglang/bench/bench_release_path.py [--rounds 5] [--sizes 10,1000,10000] [--json]
+
+Decode, SGLang's real methods on managers, receivers and a DecodeTransferQueue built with
+``__new__`` plus fakes, as SGLang's own unit tests do (no ZMQ, network or allocator; the
+ABORT goes to a fake socket, ``release_kv_cache`` is a no-op): for N requests in flight
+whose destinations were published, one lifecycle is timed phase by phase:
+
+* ``open``      kvfence only: the room opened at ``send_metadata`` (stock has no such step)
+* ``abort``     ``CommonKVReceiver.abort()`` (fan-out to the fake socket)
+* ``pop``       ``DecodeTransferQueue.pop_transferred()`` with N Failed polls -> N held
+* ``scan``      ``resolve_deferred_releases()`` with N held and none releasable (what the
+                scheduler pays every loop iteration while they are held), per held request
+* ``ack``       ``handle_abort_ack_message(ABORT_ACK)`` for each (decode_thread)
+* ``release``   ``resolve_deferred_releases()`` releasing all N (``_do_release`` each)
+
+Prefill: ``MooncakeKVManager.transfer_worker`` (the real loop) on a real prefill manager
+whose Mooncake engine is replaced by one that completes every write at once, draining a
+queue of chunks spread over N rooms; per chunk.
+
+Reported: the median over rounds of each phase's time per request (per chunk), and the
+median of the per-round ratios kvfence/stock. Machine: whatever runs it (results
+committed in RESULTS.md name it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Dict, List
+
+import numpy as np
+
+os.environ.setdefault("SGLANG_HOST_IP", "127.0.0.1")
+os.environ.setdefault("MOONCAKE_PROTOCOL", "tcp")
+os.environ.setdefault("MC_FORCE_TCP", "1")
+os.environ.setdefault("SGLANG_ENABLE_FAILED_SESSION_PROBE", "0")
+os.environ.setdefault("SGLANG_DISAGGREGATION_QUEUE_SIZE", "1")
+os.environ.setdefault("SGLANG_DISAGGREGATION_THREAD_POOL_SIZE", "1")
+os.environ.setdefault("GLOG_minloglevel", "3")
+os.environ["KVFENCE_SGLANG"] = "0"  # this script toggles install() itself
+
+import kvfence.sglang as ks  # noqa: E402
+from sglang.srt.disaggregation import decode as dec  # noqa: E402
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+from sglang.srt.disaggregation.common.conn import AbortAck  # noqa: E402
+from sglang.srt.disaggregation.mooncake.conn import (  # noqa: E402
+    MooncakeKVManager,
+    MooncakeKVReceiver,
+)
+
+import logging  # noqa: E402
+
+# SGLang logs one error line per failed transfer; the benchmark measures code, not I/O.
+logging.getLogger("sglang").setLevel(logging.CRITICAL)
+dec.release_kv_cache = lambda req, tree_cache, checkpoint=False, **kw: None
+dec.prepare_abort = lambda *a, **kw: None
+
+
+class _Sock:
+    def send_multipart(self, frames: List[bytes]) -> None:
+        pass
+
+
+_LOCK = threading.Lock()
+
+
+def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
+    from kvfence.sglang import decode as kdec
+
+    mgr = MooncakeKVManager.__new__(MooncakeKVManager)
+    mgr._deferred_abort_ack_tracker = {}
+    mgr._deferred_abort_generation = 0
+    mgr.enable_deferred_decode_kv_release = True
+    mgr.failure_lock = threading.Lock()
+    mgr.failure_records = {}
+    mgr.request_status = {}
+    mgr.local_ip, mgr.rank_port = "127.0.0.1", 5000
+    mgr.deferred_bootstrap = None
+    mgr.defer_decode_allocation = False
+    mgr.addr_to_rooms_tracker = {"127.0.0.1:8998": set()}
+    mgr.required_prefill_response_num_table = {}
+    mgr.prefill_response_tracker = {}
+    mgr.enable_staging = False
+    if kvfence_on:
+        kdec.attach(mgr)
+    info = SimpleNamespace(pp_size=1, attn_cp_size=1)
+    q = dec.DecodeTransferQueue.__new__(dec.DecodeTransferQueue)
+    q._deferred_releases = []
+    q.deferred_kv_release_timeout = 30.0
+    q.enable_host_receive = False
+    q.enable_staging = False
+    q.staging_handler = None
+    q.enable_deferred_kv_release = True
+    q.tree_cache = object()
+    q.gloo_group = None
+    q.tp_rank = 0
+    q.metadata_buffers = SimpleNamespace(clear_slot=lambda idx: None)
+    q.req_to_metadata_buffer_idx_allocator = SimpleNamespace(free=lambda idx: None)
+    q.scheduler = SimpleNamespace(
+        enable_decode_hicache=False, enable_hisparse=False,
+        output_streamer=SimpleNamespace(stream_output=lambda reqs, logprob: None),
+        metrics_reporter=SimpleNamespace(enable_metrics=False))
+    q._clean_hicache_prefetch_resources = lambda decode_req: None
+    sock = (_Sock(), _LOCK)
+    reqs = []
+    for i in range(n):
+        room = 1_000_000 + i
+        r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
+        r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = mgr, room, "127.0.0.1:8998"
+        r.prefill_info, r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = info, [0], [0], [0]
+        r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
+        r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
+        r._abort_generation, r._owns_bootstrap_room = None, True
+        r._connect_to_bootstrap_server = lambda bi, _s=sock: _s
+        mgr.request_status[room] = KVPoll.WaitingForInput
+        reqs.append(dec.DecodeRequest(
+            req=SimpleNamespace(rid="r%d" % i, bootstrap_room=room, return_logprob=False,
+                                finished_reason=None),
+            kv_receiver=r, metadata_buffer_index=i % 64))
+    pages = np.arange(16, dtype=np.int32)
+    t: Dict[str, float] = {}
+    gate = mgr.__dict__.get("_kvfence_gate")
+    t0 = time.perf_counter()
+    if gate is not None:
+        for d in reqs:
+            gate.open_room(d.kv_receiver, pages, 0, None)
+    t["open"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for d in reqs:
+        d.kv_receiver.abort()
+    t["abort"] = time.perf_counter() - t0
+    q.queue = list(reqs)
+    q._poll_with_metadata_gate = lambda: [KVPoll.Failed] * len(q.queue)
+    receivers = [d.kv_receiver for d in reqs]
+    t0 = time.perf_counter()
+    q.pop_transferred()
+    t["pop"] = time.perf_counter() - t0
+    assert len(q._deferred_releases) == n, len(q._deferred_releases)
+    t0 = time.perf_counter()
+    q.resolve_deferred_releases()
+    t["scan"] = time.perf_counter() - t0
+    assert len(q._deferred_releases) == n
+    msgs = [AbortAck(r.bootstrap_room, 0, r._abort_generation).to_zmq() for r in receivers]
+    t0 = time.perf_counter()
+    for m in msgs:
+        mgr.handle_abort_ack_message(m)
+    t["ack"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    q.resolve_deferred_releases()
+    t["release"] = time.perf_counter() - t0
+    assert not q._deferred_releases, len(q._deferred_releases)
+    return {k: v / n for k, v in t.items()}
+
+
+class _FakeEngine:
+    def batch_transfer_sync(self, session_id: str, srcs: Any, dsts: Any, lens: Any) -> int:
+        return 0
+
+    def transfer_sync(self, *a: Any) -> int:
+        return 0
+
+
+class _ListQueue:
+    def __init__(self, items: List[Any]) -> None:
+        self.items = items
+        self.i = 0
+
+    def get(self) -> Any:
+        if self.i == len(self.items):
+            return None
+        self.i += 1
+        return self.items[self.i - 1]
+
+    def put(self, x: Any) -> None:
+        self.items.append(x)
+
+
+_prefill: Dict[str, Any] = {}
+
+
+def prefill_manager() -> Any:
+    """A real prefill MooncakeKVManager (built once, with kvfence's gate attached: the
+    stock rounds run with uninstall(), where no wrapper consults it)."""
+    if _prefill:
+        return _prefill["mgr"]
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from harness import node
+
+    port = 40000 + os.getpid() % 5000
+    node.ROLE = "prefill"
+    p = node.Prefill(port, port + 11)
+    p.mgr.engine = _FakeEngine()
+    _prefill["node"], _prefill["mgr"] = p, p.mgr
+    return p.mgr
+
+
+def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
+    from sglang.srt.disaggregation.common.utils import TransferKVChunk
+    from sglang.srt.disaggregation.mooncake.conn import TransferInfo
+    from kvfence.sglang import prefill as kpre
+
+    mgr = prefill_manager()
+    gate = mgr.__dict__.get("_kvfence_gate")
+    session = "127.0.0.1:1"
+    mgr.decode_kv_args_table[session] = SimpleNamespace(
+        requires_dcp_relayout=False, dst_kv_ptrs=list(mgr.kv_args.kv_data_ptrs),
+        dst_kv_layer_ids=None, dst_kv_item_len=mgr.kv_args.kv_item_lens[0],
+        dst_attn_tp_size=1, dst_aux_ptrs=[], staging_base_ptr=0, staging_total_size=0,
+        dst_tp_rank=0, dst_state_data_ptrs=[], dst_kv_item_lens=None, dst_dcp_size=1,
+        dst_dcp_rank=0, dcp_token_item_lens=None, state_layout=None)
+    items = []
+    for i in range(n):
+        room = 5_000_000 + i
+        mgr.request_status[room] = KVPoll.Transferring
+        mgr.transfer_infos[room] = {session: TransferInfo(
+            room=room, endpoint="127.0.0.1", dst_port=1, mooncake_session_id=session,
+            dst_kv_indices=np.arange(64, dtype=np.int32), dst_aux_index=0,
+            dst_state_indices=[], required_dst_info_num=1, is_dummy=False)}
+        if kvfence_on and gate is not None:
+            gate.open_room(room)
+    for c in range(chunks):
+        for i in range(n):
+            items.append(TransferKVChunk(
+                room=5_000_000 + i, prefill_kv_indices=np.arange(4, dtype=np.int32) + 4 * (c % 8),
+                index_slice=slice(4 * (c % 8), 4 * (c % 8) + 4), is_last_chunk=False,
+                prefill_aux_index=None, state_indices=None))
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        t0 = time.perf_counter()
+        mgr.transfer_worker(_ListQueue(items), ex)
+        dt = time.perf_counter() - t0
+    for i in range(n):
+        room = 5_000_000 + i
+        mgr.request_status.pop(room, None)
+        mgr.transfer_infos.pop(room, None)
+        if gate is not None:
+            gate.close(room)
+            gate.pump(mgr)
+    assert not mgr.failed_sessions, mgr.failed_sessions
+    return dt / len(items)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sizes", default="10,1000,10000")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ks.install()  # attach the prefill gate when the manager is built, then toggle
+    prefill_manager()
+    phases = ["open", "abort", "pop", "scan", "ack", "release", "prefill_chunk"]
+    raw: Dict[int, Dict[str, Dict[str, List[float]]]] = {
+        n: {rule: {p: [] for p in phases} for rule in ("stock", "kvfence")} for n in sizes}
+    for rnd in range(args.rounds):
+        for n in sizes:
+            reps = max(1, 2000 // n)
+            order = ("stock", "kvfence") if rnd % 2 == 0 else ("kvfence", "stock")
+            for rule in order:
+                (ks.install if rule == "kvfence" else ks.uninstall)()
+                acc: Dict[str, List[float]] = {p: [] for p in phases}
+                for _ in range(reps):
+                    for k, v in decode_lifecycle(n, rule == "kvfence").items():
+                        acc[k].append(v)
+                    acc["prefill_chunk"].append(prefill_chunks(n, 2, rule == "kvfence"))
+                for p in phases:
+                    raw[n][rule][p].append(statistics.median(acc[p]))
+        print("round %d done" % (rnd + 1), file=sys.stderr, flush=True)
+    ks.uninstall()
+    out = []
+    for n in sizes:
+        for p in phases:
+            s, k = raw[n]["stock"][p], raw[n]["kvfence"][p]
+            ratios = [b / a for a, b in zip(s, k) if a > 0]
+            out.append({"in_flight": n, "phase": p, "stock_us": statistics.median(s) * 1e6,
+                        "kvfence_us": statistics.median(k) * 1e6,
+                        "ratio": statistics.median(ratios) if ratios else None})
+    if args.json:
+        print(json.dumps({"rounds": args.rounds, "results": out}, indent=1))
+    else:
+        print("%9s  %-14s %10s %11s %8s" % ("in flight", "phase", "stock us", "kvfence us", "ratio"))
+        for r in out:
+            print("%9d  %-14s %10.2f %11.2f %8s" % (
+                r["in_flight"], r["phase"], r["stock_us"], r["kvfence_us"],
+                "%.2fx" % r["ratio"] if r["ratio"] else "-"))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

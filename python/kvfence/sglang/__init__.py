@@ -1,0 +1,183 @@
+"""kvfence as SGLang's release gate, on both sides of its Mooncake PD disaggregation.
+
+Supported: **SGLang 0.5.23** with the Mooncake transfer backend (any other version is
+refused by :func:`install`, which then changes nothing).
+
+    import kvfence.sglang
+    kvfence.sglang.install()     # before SGLang builds its KV managers; idempotent
+    ...
+    kvfence.sglang.uninstall()   # puts every SGLang method back
+
+Or without touching code: ``KVFENCE_SGLANG=1 python -m sglang.launch_server ...`` (the
+``kvfence_sglang.pth`` start-up hook installs it as soon as SGLang's Mooncake module is
+imported, in every process SGLang spawns), or ``kvfence-sglang-run python -m ...``.
+
+What changes (see the README section "Using kvfence with SGLang"):
+
+* decode: an aborted request's pages (KV pages, metadata row, state slots) are freed only
+  when kvfence releases its room: every prefill rank it was sent to ACKed that its writes
+  drained, or was fenced after its transport was proven torn down, or the room was
+  quarantined (then they are never freed). **Never on a deadline**: SGLang's
+  ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT`` no longer releases
+  anything, and ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0`` no longer frees at
+  once. SGLang still does the freeing, through ``_do_release``.
+* prefill: each chunk write is a kvfence transfer; a chunk of an aborted room is not
+  written; a write that returned -1 keeps the room from ever being ACKed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import _state, metrics
+from ._config import Config
+from ._patching import Patch, PatchSet
+
+__all__ = [
+    "SUPPORTED_SGLANG",
+    "UnsupportedSGLangVersion",
+    "Config",
+    "install",
+    "uninstall",
+    "installed",
+    "fence_prefill",
+    "snapshot",
+]
+
+#: The SGLang versions this adapter was built and tested for.
+SUPPORTED_SGLANG: Tuple[str, ...] = ("0.5.23",)
+
+logger = _state.logger
+_lock = threading.RLock()
+_patches: Optional[PatchSet] = None
+
+
+class UnsupportedSGLangVersion(RuntimeError):
+    """The installed SGLang is not one this adapter supports; nothing was changed."""
+
+
+def _sglang_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        raise UnsupportedSGLangVersion(
+            "kvfence.sglang: SGLang is not installed (supported: %s)" % ", ".join(SUPPORTED_SGLANG)
+        ) from None
+
+
+def _manager_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, *a: Any, **kw: Any) -> None:
+        orig(self, *a, **kw)
+        from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        from . import decode, prefill
+
+        mode = getattr(self, "disaggregation_mode", None)
+        if mode == DisaggregationMode.DECODE:
+            decode.attach(self)
+        elif mode == DisaggregationMode.PREFILL:
+            prefill.attach(self)
+    return __init__
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _patches is not None
+
+
+def install(config: Optional[Config] = None) -> None:
+    """Installs kvfence into SGLang (idempotent; a second call changes nothing).
+
+    Must run before SGLang builds its ``MooncakeKVManager`` (the start-up hook sees to
+    that); managers built earlier stay stock. ``config`` defaults to
+    :meth:`Config.from_env`.
+
+    Raises :class:`UnsupportedSGLangVersion` (naming the version found) on any SGLang but
+    :data:`SUPPORTED_SGLANG`, and ``RuntimeError`` if a method it wraps is missing; in
+    both cases nothing was changed.
+    """
+    global _patches
+    with _lock:
+        if _patches is not None:
+            return
+        found = _sglang_version()
+        if found not in SUPPORTED_SGLANG:
+            raise UnsupportedSGLangVersion(
+                "kvfence.sglang supports SGLang %s only; the installed SGLang is %s. "
+                "Nothing was changed." % (" / ".join(SUPPORTED_SGLANG), found))
+        cfg = config if config is not None else Config.from_env()
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        from . import decode, prefill
+
+        ps = PatchSet([Patch(MooncakeKVManager, "__init__", _manager_init)])
+        for owner, name, make in decode.patches() + prefill.patches():
+            ps.patches.append(Patch(owner, name, make))
+        missing = ps.check()
+        if missing:
+            raise RuntimeError("kvfence.sglang: SGLang %s lacks %s; nothing was changed"
+                               % (found, ", ".join(missing)))
+        _state.config = cfg
+        ps.apply()
+        _patches = ps
+        if cfg.metrics:
+            metrics.register()
+        logger.info("kvfence.sglang installed into SGLang %s (%d methods wrapped)",
+                    found, len(ps.patches))
+
+
+def uninstall() -> None:
+    """Restores every SGLang method :func:`install` wrapped (no-op if not installed).
+
+    Managers built while installed keep their gate object but stop using it."""
+    global _patches
+    with _lock:
+        if _patches is None:
+            return
+        _patches.undo()
+        _patches = None
+        metrics.unregister()
+        logger.info("kvfence.sglang uninstalled")
+
+
+def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator") -> int:
+    """Fences every rank of the prefill instance at ``bootstrap_addr`` on every decode
+    gate of this process, *now*; returns how many rooms that released.
+
+    For a fencing agent or an operator who has cut that prefill off (its process killed,
+    its host powered off or isolated): kvfence trusts the caller that no byte of it can
+    land any more. The heartbeat path calls the same fence only after its own proof
+    (:mod:`kvfence.sglang.teardown`)."""
+    total = 0
+    for g in list(_state.decode_gates):
+        ranks = g.retire(bootstrap_addr)
+        if ranks:
+            total += g.fence(bootstrap_addr, ranks, why)
+    return total
+
+
+def snapshot() -> Dict[str, Any]:
+    """A JSON-able summary: whether installed, the metrics, the gates' table stats."""
+    out: Dict[str, Any] = {"installed": installed(), "metrics": metrics.values()}
+    dec: List[Dict[str, Any]] = []
+    for g in list(_state.decode_gates):
+        s = g.table.stats()
+        dec.append({"rooms_owned": s["rooms_owned"], "rooms_closing": s["rooms_closing"],
+                    "quarantined_rooms": g.quarantined_rooms,
+                    "quarantined_pages": g.quarantined_pages,
+                    "fenced_ranks": g.fenced_ranks, "fenced": s["fenced"],
+                    "records": len(g.records), "decided": len(g.decided),
+                    "ignored_acks": g.ignored_acks})
+    pre: List[Dict[str, Any]] = []
+    for p in list(_state.prefill_gates):
+        s = p.table.stats()
+        pre.append({"rooms_owned": s["rooms_owned"], "rooms_closing": s["rooms_closing"],
+                    "refused_chunks": p.refused_chunks, "failed_transfers": p.failed_transfers,
+                    "quarantined_rooms": p.quarantined_rooms})
+    out["decode"] = dec
+    out["prefill"] = pre
+    return out

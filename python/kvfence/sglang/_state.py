@@ -1,0 +1,66 @@
+"""Process-wide state of the adapter: the gates attached to SGLang's KV managers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from ._config import Config
+
+if TYPE_CHECKING:
+    from .decode import DecodeGate
+    from .prefill import PrefillGate
+
+logger = logging.getLogger("kvfence.sglang")
+
+_lock = threading.Lock()
+config: Config = Config()
+decode_gates: "weakref.WeakSet[DecodeGate]" = weakref.WeakSet()
+prefill_gates: "weakref.WeakSet[PrefillGate]" = weakref.WeakSet()
+
+
+class RankRegistry:
+    """kvfence rank ids for (prefill instance, SGLang prefill rank) pairs.
+
+    SGLang's ACK carries ``_prefill_unique_rank()`` (small, per instance); one decode
+    talks to several prefill instances, so kvfence's rank id is assigned per
+    ``(bootstrap_addr, unique_rank)``. Ids are never reused: when an instance is fenced
+    its ids stay fenced, and the instance gets new ids if it comes back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: Dict[Tuple[str, int], int] = {}
+        self._next = 0
+
+    def ids(self, addr: str, ranks: List[int]) -> List[int]:
+        """The kvfence ids of ``ranks`` of the instance at ``addr`` (assigned on first use)."""
+        with self._lock:
+            out = []
+            for r in ranks:
+                key = (addr, r)
+                rid = self._ids.get(key)
+                if rid is None:
+                    rid = self._next
+                    self._next += 1
+                    self._ids[key] = rid
+                out.append(rid)
+            return out
+
+    def get(self, addr: str, rank: int) -> Optional[int]:
+        """The id of ``rank`` of ``addr``, if it has one."""
+        with self._lock:
+            return self._ids.get((addr, rank))
+
+    def retire(self, addr: str) -> List[int]:
+        """Forgets every id of ``addr`` (it is being fenced) and returns them."""
+        with self._lock:
+            keys = [k for k in self._ids if k[0] == addr]
+            return [self._ids.pop(k) for k in keys]
+
+    def of(self, addr: str) -> List[int]:
+        """Every current id of ``addr``."""
+        with self._lock:
+            return [v for k, v in self._ids.items() if k[0] == addr]

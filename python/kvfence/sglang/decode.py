@@ -1,0 +1,491 @@
+"""The decode side: kvfence decides when an aborted request's pages may be freed; SGLang
+still frees them, through its own ``_do_release`` -> ``release_kv_cache`` path.
+
+One :class:`DecodeGate` (a gate-mode :class:`kvfence.RoomTable`) is attached to each
+decode ``MooncakeKVManager``. The wrappers below are installed by
+:func:`kvfence.sglang.install`; each calls SGLang's own method and adds one decision:
+
+============================================  =================================================
+SGLang method (0.5.23)                        what kvfence adds
+============================================  =================================================
+``CommonKVReceiver.send_metadata``            opens the room *before* the metadata goes out:
+                                              writers = the prefill ranks the request's
+                                              destinations were sent to; pages = its KV page
+                                              ids; the metadata row and state slots are held
+                                              with them (``_do_release`` frees them together)
+``CommonKVReceiver._send_abort_notification`` ``abort`` on the room; the ABORT carries the
+                                              room's kvfence handle as its generation
+``CommonKVManager.register_deferred_abort_room`` returns that handle as the generation
+``CommonKVManager.note_abort_ack``            ``quiesce(handle, rank)`` (ABORT_ACK = quiesce)
+``CommonKVManager.is_abort_release_safe``     "kvfence released this room" (rooms opened
+                                              under kvfence), else SGLang's ACK count
+``DecodeTransferQueue.resolve_deferred_releases`` drains kvfence's releases, applies the
+                                              quarantine policy, and makes every deadline
+                                              infinite: time never releases a page
+``DecodeTransferQueue.pop_transferred``       holds every failed transfer, whatever
+                                              ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
+                                              says
+``DecodeTransferQueue._do_release``           a quarantined room's pages are *not* freed
+``CommonKVReceiver._clear``                   ``finish`` after a successful transfer
+``CommonKVManager._handle_node_failure``      fences the dead prefill's ranks once its
+                                              transport is proven torn down (:mod:`.teardown`)
+============================================  =================================================
+
+SGLang's cross-rank MIN reduction (``all_reduce_flags`` in ``resolve_deferred_releases``)
+is untouched: kvfence's decision is the per-rank ``is_drained`` it reduces.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import kvfence
+
+from . import _state
+from ._state import RankRegistry, logger
+from .teardown import mooncake_tcp_torn_down
+
+__all__ = ["DecodeGate", "RoomRecord", "patches"]
+
+_tls = threading.local()
+
+
+@dataclass(slots=True)
+class RoomRecord:
+    """What the gate knows of one open room."""
+
+    room: int
+    addr: str
+    writers: List[int]
+    held_pages: int
+    infos: Any  # the receiver's bootstrap_infos (rank_ip, rank_port of each writer)
+    opened_at: float
+    rank_of: Dict[int, int] = field(default_factory=dict)  # SGLang prefill rank -> kvfence id
+    aborted_at: Optional[float] = None
+
+
+@dataclass
+class DecodeGate:
+    """kvfence's state for one decode KV manager."""
+
+    table: kvfence.RoomTable
+    ranks: RankRegistry = field(default_factory=RankRegistry)
+    records: Dict[int, RoomRecord] = field(default_factory=dict)  # handle -> record
+    room_handle: Dict[int, int] = field(default_factory=dict)  # bootstrap_room -> handle
+    decided: Dict[int, str] = field(default_factory=dict)  # handle -> release reason
+    decided_records: Dict[int, RoomRecord] = field(default_factory=dict)
+    writer_cache: Dict[Any, Tuple[List[int], Dict[int, int]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    fenced_ranks: int = 0
+    quarantined_rooms: int = 0
+    quarantined_pages: int = 0
+    ignored_acks: int = 0
+    next_policy_scan: float = 0.0
+    proof: Callable[[str, List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
+    managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    # -- scheduler thread ------------------------------------------------------------
+    def open_room(self, receiver: Any, kv_indices: Any, aux_index: Optional[int],
+                  state_indices: Optional[List[Any]]) -> Optional[int]:
+        """Opens the room of ``receiver``; ``None`` (and the room is failed, nothing
+        sent) if kvfence refuses it."""
+        addr = receiver.bootstrap_addr
+        info = receiver.prefill_info
+        key = (addr, id(info), tuple(receiver.target_cp_ranks), tuple(receiver.target_tp_ranks),
+               tuple(receiver.target_pp_ranks))
+        cached = self.writer_cache.get(key)
+        if cached is None:
+            # The writers: every prefill rank the destinations go to, as its ACK names it
+            # (_prefill_unique_rank = attn_tp_rank*(pp*cp) + pp_rank*cp + cp_rank).
+            unique = sorted({
+                tp * (info.pp_size * info.attn_cp_size) + pp * info.attn_cp_size + cp
+                for cp in receiver.target_cp_ranks
+                for tp in receiver.target_tp_ranks
+                for pp in receiver.target_pp_ranks
+            })
+            ids = self.ranks.ids(addr, unique)
+            cached = self.writer_cache[key] = (ids, dict(zip(unique, ids)))
+        writers, rank_of = cached
+        pages = kv_indices.tolist() if hasattr(kv_indices, "tolist") else [int(p) for p in kv_indices]
+        extra = 0 if aux_index is None else 1
+        for s in state_indices or ():
+            extra += len(s) if hasattr(s, "__len__") else 1
+        room = int(receiver.bootstrap_room)
+        try:
+            h = self.table.open(writers, pages, token=room & 0xFFFF_FFFF_FFFF_FFFF)
+        except kvfence.Error as e:
+            mgr = receiver.kv_mgr
+            mgr.record_failure(room, "kvfence refused the room: %s" % e)
+            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+            mgr.update_status(room, KVPoll.Failed)
+            return None
+        rec = RoomRecord(room, addr, writers, len(pages) + extra, receiver.bootstrap_infos,
+                         time.monotonic(), rank_of)
+        # Single dict operations are atomic under the GIL; every writer of these dicts
+        # runs on the scheduler thread, the ACK and heartbeat threads only read them.
+        self.records[h] = rec
+        self.room_handle[room] = h
+        receiver._kvfence_handle = h
+        return h
+
+    def abort(self, h: int) -> None:
+        """``abort`` on the room (idempotent)."""
+        rec = self.records.get(h)
+        if rec is not None and rec.aborted_at is None:
+            rec.aborted_at = time.monotonic()
+        try:
+            self.table.abort(h)
+        except (kvfence.RoomClosed, kvfence.StaleHandle):
+            pass
+
+    def finish(self, h: int) -> None:
+        """A successful transfer: every writer rank reported Success, which it sends only
+        after its last write (KV, metadata row, state) returned complete: that is each
+        rank's quiescence. ``finish``, then ``quiesce`` every writer: the room is released
+        (reason ``finished``; SGLang keeps the pages for the request)."""
+        rec = self.records.get(h)
+        try:
+            self.table.finish(h)
+        except (kvfence.RoomClosed, kvfence.StaleHandle):
+            return
+        for rank in rec.writers if rec is not None else ():
+            try:
+                self.table.quiesce(h, rank)
+            except kvfence.Error:
+                pass
+
+    def drain(self) -> None:
+        """Takes every release kvfence decided; applies the quarantine policy (its scan
+        runs at most every 0.1 s)."""
+        q = _state.config.quarantine_after
+        if q is not None and self.records:
+            now = time.monotonic()
+            if now >= self.next_policy_scan:
+                self.next_policy_scan = now + 0.1
+                for h, rec in list(self.records.items()):
+                    if rec.aborted_at is not None and now - rec.aborted_at >= q \
+                            and h not in self.decided:
+                        self.quarantine(h, "no ACK and no fence for %.1f s"
+                                        % (now - rec.aborted_at))
+        if not self.table.queued_releases():
+            return
+        records, room_handle = self.records, self.room_handle
+        for r in self.table.drain_released():
+            h = r.handle
+            got = records.pop(h, None)
+            if r.reason == "finished":
+                if got is not None and room_handle.get(got.room) == h:
+                    del room_handle[got.room]
+                continue
+            self.decided[h] = r.reason
+            if got is not None:
+                self.decided_records[h] = got
+
+    def quarantine(self, h: int, why: str) -> None:
+        """Takes the room out of circulation for good (its pages are never freed)."""
+        try:
+            self.table.quarantine(h)
+        except (kvfence.StaleHandle, kvfence.Error):
+            return
+        rec = self.records.get(h)
+        pages = rec.held_pages if rec else 0
+        self.quarantined_rooms += 1
+        self.quarantined_pages += pages
+        logger.warning("kvfence: quarantined room %s (%d pages incl. metadata/state slots, "
+                       "prefill %s): %s; these pages are never reused",
+                       rec.room if rec else "?", pages, rec.addr if rec else "?", why)
+
+    def is_released(self, room: int) -> Optional[bool]:
+        """kvfence's decision for ``room`` (``None``: not a kvfence room)."""
+        h = self.room_handle.get(room)
+        if h is None:
+            return None
+        return h in self.decided
+
+    # -- decode_thread ---------------------------------------------------------------
+    def ack(self, room: int, prefill_rank: int, generation: Optional[int]) -> None:
+        """An ABORT_ACK: ``quiesce`` on the handle it carries."""
+        if generation is None:
+            return
+        rec = self.records.get(generation)
+        # The room's own mapping: the instance may have been retired (heartbeat) since.
+        rank = rec.rank_of.get(prefill_rank) if rec is not None else None
+        if rank is None:
+            self.ignored_acks += 1
+            return
+        try:
+            self.table.quiesce(generation, rank)
+        except kvfence.Error:
+            self.ignored_acks += 1
+
+    # -- heartbeat thread ------------------------------------------------------------
+    def node_failed(self, addr: str) -> None:
+        """The heartbeat declared ``addr`` dead: fence its ranks once its transport is
+        proven torn down (a thread polls the proof; a live prefill is never fenced)."""
+        host, _, port = addr.rpartition(":")
+        eps: Set[Tuple[str, int]] = {(host, int(port))}
+        for rec in list(self.records.values()):
+            if rec.addr == addr:
+                for b in rec.infos or ():
+                    if b.get("rank_port"):
+                        eps.add((str(b.get("rank_ip")), int(b.get("rank_port"))))
+        ranks = self.retire(addr)
+        if not ranks:
+            return
+
+        def fence_when_torn_down() -> None:
+            t0 = time.monotonic()
+            while True:
+                waiting = any(
+                    set(rec.writers) & set(ranks) for rec in list(self.records.values()))
+                if not waiting:
+                    logger.info("kvfence: prefill %s declared dead; no room waits on it", addr)
+                    return
+                if self.proof(host, sorted(eps)):
+                    break
+                time.sleep(_state.config.teardown_poll)
+            self.fence(addr, ranks, "transport torn down %.2f s after the heartbeat failure"
+                       % (time.monotonic() - t0))
+
+        threading.Thread(target=fence_when_torn_down, name="kvfence-fence-%s" % addr,
+                         daemon=True).start()
+
+    def retire(self, addr: str) -> List[int]:
+        """Forgets the kvfence ids of the instance at ``addr`` (returned: to be fenced); a
+        returning instance gets new ones."""
+        for k in [k for k in list(self.writer_cache) if k[0] == addr]:
+            self.writer_cache.pop(k, None)
+        return self.ranks.retire(addr)
+
+    def fence(self, addr: str, ranks: List[int], why: str) -> int:
+        """Fences ``ranks`` (of ``addr``); returns how many rooms that released."""
+        released = 0
+        for r in ranks:
+            try:
+                released += self.table.fence_rank(r)
+            except kvfence.Error as e:
+                logger.error("kvfence: cannot fence rank %d of %s: %s", r, addr, e)
+                continue
+            self.fenced_ranks += 1
+        logger.warning("kvfence: fenced prefill %s (kvfence ranks %s): %s; %d rooms released",
+                       addr, ranks, why, released)
+        return released
+
+
+def _gate(mgr: Any) -> Optional[DecodeGate]:
+    return mgr.__dict__.get("_kvfence_gate") if mgr is not None else None
+
+
+def attach(mgr: Any) -> DecodeGate:
+    """Attaches a gate to a decode manager (from the wrapped ``__init__``)."""
+    gate = DecodeGate(kvfence.RoomTable(_state.config.rooms))
+    gate.managers.add(mgr)
+    mgr.__dict__["_kvfence_gate"] = gate
+    # Mooncake sends the generation-tagged drain ACK; kvfence needs it whatever
+    # SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE says.
+    mgr.enable_deferred_decode_kv_release = True
+    _state.decode_gates.add(gate)
+    return gate
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+
+def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def send_metadata(self: Any, kv_indices: Any, aux_index: Optional[int] = None,
+                      state_indices: Optional[List[Any]] = None, *a: Any, **kw: Any) -> Any:
+        gate = _gate(self.kv_mgr)
+        if gate is not None and getattr(self, "bootstrap_infos", None) is not None:
+            if gate.open_room(self, kv_indices, aux_index, state_indices) is None:
+                return None
+        return orig(self, kv_indices, aux_index, state_indices, *a, **kw)
+    return send_metadata
+
+
+def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _send_abort_notification(self: Any, *, force_arm: bool = False) -> Any:
+        h = self.__dict__.get("_kvfence_handle")
+        gate = _gate(self.kv_mgr)
+        if h is None or gate is None:
+            return orig(self, force_arm=force_arm)
+        gate.abort(h)
+        # Arm and accept the drain ACK whatever the deferred-release flag says.
+        self.kv_mgr.enable_deferred_decode_kv_release = True
+        _tls.handle = h
+        try:
+            # force_arm: the room exists, so some destinations may be published.
+            return orig(self, force_arm=True)
+        finally:
+            _tls.handle = None
+    return _send_abort_notification
+
+
+def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def register_deferred_abort_room(self: Any, bootstrap_room: int) -> int:
+        generation = orig(self, bootstrap_room)
+        h: Optional[int] = getattr(_tls, "handle", None)
+        if h is None:
+            return int(generation)
+        # The wire generation is the room's kvfence handle: the ACK brings it back.
+        self._deferred_abort_ack_tracker[bootstrap_room].generation = h
+        return h
+    return register_deferred_abort_room
+
+
+def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def note_abort_ack(self: Any, bootstrap_room: int, prefill_rank: int,
+                       generation: int) -> None:
+        orig(self, bootstrap_room, prefill_rank, generation)
+        gate = _gate(self)
+        if gate is not None:
+            gate.ack(bootstrap_room, prefill_rank, generation)
+    return note_abort_ack
+
+
+def _is_abort_release_safe(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def is_abort_release_safe(self: Any, bootstrap_room: int, required_acks: int) -> bool:
+        gate = _gate(self)
+        if gate is not None:
+            decided = gate.is_released(bootstrap_room)
+            if decided is not None:
+                return decided
+        return bool(orig(self, bootstrap_room, required_acks))
+    return is_abort_release_safe
+
+
+def _single_rank(queue: Any) -> bool:
+    d = queue.__dict__
+    single = d.get("_kvfence_single")
+    if single is None:
+        try:
+            import torch.distributed as dist  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+            single = dist.get_world_size(queue.gloo_group) == 1
+        except Exception:
+            single = False
+        d["_kvfence_single"] = single
+    return bool(single)
+
+
+def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
+    inf = math.inf
+
+    def resolve_deferred_releases(self: Any) -> Any:
+        decided = False
+        for gate in list(_state.decode_gates):
+            gate.drain()
+            decided = decided or bool(gate.decided)
+        held = self._deferred_releases
+        if not held:
+            return orig(self)
+        d = self.__dict__
+        if d.get("_kvfence_list") is held:
+            start, ungated = d["_kvfence_checked"], d["_kvfence_ungated"]
+        else:
+            start, ungated = 0, 0
+        for i in range(start, len(held)):
+            # Time never releases a page: SGLang's deadline (index 2 of each entry,
+            # "(decode_req, start_time, deadline, metadata_idx, required_acks)") is made
+            # infinite; only is_drained (kvfence's decision) remains.
+            e = held[i]
+            if e[2] != inf:
+                held[i] = e = (e[0], e[1], inf) + tuple(e[3:])
+            recv = e[0].kv_receiver
+            if getattr(recv, "__dict__", {}).get("_kvfence_handle") is None:
+                ungated += 1
+        d["_kvfence_list"], d["_kvfence_checked"], d["_kvfence_ungated"] = held, len(held), ungated
+        if not decided and ungated == 0 and _single_rank(self):
+            # Every held entry is a kvfence room and kvfence released none since the last
+            # call: SGLang's scan would release nothing. (With more than one attention-TP
+            # rank the scan always runs: its all_reduce_flags must run on every rank.)
+            return None
+        return orig(self)
+    return resolve_deferred_releases
+
+
+def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def pop_transferred(self: Any, rids_to_check: Optional[List[str]] = None) -> Any:
+        # Hold every failed transfer until kvfence releases it, whatever the
+        # deferred-release flag says (legacy mode freed at once).
+        self.enable_deferred_kv_release = True
+        for gate in list(_state.decode_gates):
+            for mgr in list(gate.managers):
+                mgr.enable_deferred_decode_kv_release = True
+        return orig(self, rids_to_check)
+    return pop_transferred
+
+
+def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _do_release(self: Any, decode_req: Any, idx: int) -> Any:
+        recv = decode_req.kv_receiver
+        h = recv.__dict__.get("_kvfence_handle") if hasattr(recv, "__dict__") else None
+        gate = _gate(getattr(recv, "kv_mgr", None))
+        if h is None or gate is None:
+            return orig(self, decode_req, idx)
+        reason = gate.decided.pop(h, None)
+        rec = gate.decided_records.pop(h, None)
+        if rec is not None and gate.room_handle.get(rec.room) == h:
+            del gate.room_handle[rec.room]
+        if reason == "quarantined":
+            # Never reused: neither the KV pages nor the metadata slot go back. Only the
+            # receiver's bookkeeping is ended, as _do_release would.
+            recv.kv_mgr.clear_deferred_abort_state(decode_req.req.bootstrap_room)
+            recv.clear()
+            decode_req.kv_receiver = None
+            return None
+        return orig(self, decode_req, idx)
+    return _do_release
+
+
+def _clear(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _clear(self: Any) -> Any:
+        h = self.__dict__.get("_kvfence_handle")
+        gate = _gate(self.kv_mgr) if h is not None else None
+        status = self.kv_mgr.request_status.get(self.bootstrap_room) if gate else None
+        out = orig(self)
+        if gate is not None and h is not None:
+            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+            if status == KVPoll.Success and gate.records.get(h) is not None \
+                    and gate.records[h].aborted_at is None:
+                gate.finish(h)
+        return out
+    return _clear
+
+
+def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _handle_node_failure(self: Any, failed_bootstrap_addr: str) -> Any:
+        out = orig(self, failed_bootstrap_addr)
+        gate = _gate(self)
+        if gate is not None:
+            gate.node_failed(failed_bootstrap_addr)
+        return out
+    return _handle_node_failure
+
+
+def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+    """The decode-side wrappers, as ``(class, method, make_wrapper)``."""
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    return [
+        (CommonKVReceiver, "send_metadata", _send_metadata),
+        (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),
+        (CommonKVReceiver, "_clear", _clear),
+        (CommonKVManager, "register_deferred_abort_room", _register_deferred_abort_room),
+        (CommonKVManager, "note_abort_ack", _note_abort_ack),
+        (CommonKVManager, "is_abort_release_safe", _is_abort_release_safe),
+        (CommonKVManager, "_handle_node_failure", _handle_node_failure),
+        (DecodeTransferQueue, "resolve_deferred_releases", _resolve_deferred_releases),
+        (DecodeTransferQueue, "pop_transferred", _pop_transferred),
+        (DecodeTransferQueue, "_do_release", _do_release),
+    ]

@@ -1,0 +1,111 @@
+"""Prometheus metrics of :mod:`kvfence.sglang`, next to SGLang's own.
+
+A collector registered with ``prometheus_client``'s default registry (the one SGLang's
+``/metrics`` exports when it is not in multiprocess mode); every value is read from the
+gates at scrape time, so the request path pays nothing for it.
+
+=========================================  =====  ==============================================
+metric                                     type   meaning
+=========================================  =====  ==============================================
+``kvfence_sglang_held_rooms``              gauge  aborted rooms still held (decode)
+``kvfence_sglang_held_pages``              gauge  their KV pages + metadata rows + state slots
+``kvfence_sglang_overdue_rooms``           gauge  held longer than ``overdue_after`` (30 s)
+``kvfence_sglang_fenced_ranks_total``      count  prefill ranks fenced after a proven teardown
+``kvfence_sglang_quarantined_rooms_total`` count  rooms taken out of circulation (decode)
+``kvfence_sglang_quarantined_pages_total`` count  their pages (never reused)
+``kvfence_sglang_refused_chunks_total``    count  queued chunks of aborted rooms not written
+``kvfence_sglang_failed_writes_total``     count  writes that returned -1 (prefill)
+=========================================  =====  ==============================================
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterator, Optional
+
+from . import _state
+
+__all__ = ["values", "register", "unregister"]
+
+_collector: Optional[Any] = None
+
+
+def values() -> Dict[str, float]:
+    """The metrics' current values, summed over every gate of this process."""
+    now = time.monotonic()
+    overdue_after = _state.config.overdue_after
+    v: Dict[str, float] = dict.fromkeys(
+        ["held_rooms", "held_pages", "overdue_rooms", "fenced_ranks", "quarantined_rooms",
+         "quarantined_pages", "refused_chunks", "failed_writes"], 0.0)
+    for g in list(_state.decode_gates):
+        for rec in list(g.records.values()) + list(g.decided_records.values()):
+            if rec.aborted_at is None:
+                continue
+            v["held_rooms"] += 1
+            v["held_pages"] += rec.held_pages
+            if now - rec.aborted_at >= overdue_after:
+                v["overdue_rooms"] += 1
+        v["fenced_ranks"] += g.fenced_ranks
+        v["quarantined_rooms"] += g.quarantined_rooms
+        v["quarantined_pages"] += g.quarantined_pages
+    for p in list(_state.prefill_gates):
+        v["refused_chunks"] += p.refused_chunks
+        v["failed_writes"] += p.failed_transfers
+    return v
+
+
+_HELP = {
+    "held_rooms": ("gauge", "Aborted requests whose pages kvfence still holds"),
+    "held_pages": ("gauge", "KV pages, metadata rows and state slots held by kvfence"),
+    "overdue_rooms": ("gauge", "Held rooms older than KVFENCE_SGLANG_OVERDUE_AFTER"),
+    "fenced_ranks": ("counter", "Prefill ranks fenced after their transport was torn down"),
+    "quarantined_rooms": ("counter", "Rooms quarantined (their pages are never reused)"),
+    "quarantined_pages": ("counter", "Pages quarantined (never reused)"),
+    "refused_chunks": ("counter", "Queued chunks of aborted rooms that were not written"),
+    "failed_writes": ("counter", "Prefill writes that returned -1 (room never ACKed)"),
+}
+
+
+class _Collector:
+    """The prometheus_client collector: reads :func:`values` at each scrape."""
+
+    def collect(self) -> Iterator[Any]:
+        """One metric family per value."""
+        from prometheus_client.core import (  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            CounterMetricFamily,
+            GaugeMetricFamily,
+        )
+
+        for key, value in values().items():
+            kind, doc = _HELP[key]
+            if kind == "gauge":
+                yield GaugeMetricFamily("kvfence_sglang_" + key, doc, value=value)
+            else:
+                yield CounterMetricFamily("kvfence_sglang_" + key, doc, value=value)
+
+
+def register() -> bool:
+    """Registers the collector (once); ``False`` if ``prometheus_client`` is missing."""
+    global _collector
+    if _collector is not None:
+        return True
+    try:
+        from prometheus_client.core import REGISTRY  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    except ImportError:
+        return False
+    _collector = _Collector()
+    REGISTRY.register(_collector)
+    return True
+
+
+def unregister() -> None:
+    """Removes the collector."""
+    global _collector
+    if _collector is None:
+        return
+    from prometheus_client.core import REGISTRY  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    try:
+        REGISTRY.unregister(_collector)
+    finally:
+        _collector = None

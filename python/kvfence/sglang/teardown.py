@@ -1,0 +1,139 @@
+"""When is a prefill's transport to this decode torn down? (Mooncake over TCP.)
+
+kvfence may fence a writer rank only once no byte of it can still land (DESIGN: a fence is
+a proof, not a timeout). SGLang's heartbeat declaring a prefill dead proves nothing: a
+prefill whose ``/health`` stalls may still be writing. With Mooncake's TCP transport the
+prefill *pushes*: it opens TCP connections to this decode's Mooncake TCP listener (and to
+its ZMQ port), and Mooncake's server threads copy what arrives on them into the
+registered KV memory. So a write from that prefill can land only through a socket of
+*this* process that was accepted from the prefill's address and is still open (data
+already in its receive buffer is still copied after the peer closed, until Mooncake
+closes its end). :func:`mooncake_tcp_torn_down` therefore proves the teardown by two
+kernel facts, checked together:
+
+1. **no inbound socket from the peer is left**: no TCP socket owned by this process whose
+   local port is one of this process's listening ports and whose remote address is the
+   prefill's host, in any state but ``LISTEN`` / ``TIME_WAIT`` (``/proc/self/net/tcp{,6}``
+   matched with the ``socket:[inode]`` links of ``/proc/self/fd``);
+2. **the peer cannot open a new one**: every endpoint the prefill served (its bootstrap
+   server and each rank's ZMQ port) refuses a TCP connection (``ECONNREFUSED``: nothing
+   listens there, i.e. the process is gone). A timeout or an unreachable host is *not* a
+   proof.
+
+Consequences, by design: a ``kill -9``-ed prefill on a reachable host is proven torn down
+within a few polls (the kernel closes its sockets); a live prefill whose heartbeat failed
+is never fenced (its sockets stay): its rooms are released by its own ACKs, or by the
+quarantine policy; a powered-off host cannot be proven from here (fact 2 times out): an
+operator or a fencing agent that has cut it off calls :func:`kvfence.sglang.fence_prefill`.
+Several prefill processes on one host share its address, so fact 1 waits for all of them
+(conservative: never an early fence).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+from typing import Iterable, List, Set, Tuple
+
+__all__ = ["mooncake_tcp_torn_down", "inbound_sockets_from", "endpoint_refuses"]
+
+_LISTEN = "0A"
+_TIME_WAIT = "06"
+
+
+def _own_socket_inodes() -> Set[str]:
+    inodes: Set[str] = set()
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _parse_addr(hexaddr: str) -> Tuple[str, int]:
+    ip_hex, port_hex = hexaddr.split(":")
+    raw = bytes.fromhex(ip_hex)
+    if len(raw) == 4:
+        ip = ipaddress.IPv4Address(raw[::-1])
+        text = str(ip)
+    else:
+        # /proc stores IPv6 as four host-order 32-bit words.
+        words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+        ip6 = ipaddress.IPv6Address(words)
+        text = str(ip6.ipv4_mapped) if ip6.ipv4_mapped is not None else str(ip6)
+    return text, int(port_hex, 16)
+
+
+def _sockets() -> List[Tuple[str, int, str, int, str, str]]:
+    rows = []
+    for path in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) < 10:
+                continue
+            lip, lport = _parse_addr(parts[1])
+            rip, rport = _parse_addr(parts[2])
+            rows.append((lip, lport, rip, rport, parts[3], parts[9]))
+    return rows
+
+
+def _resolve(host: str) -> Set[str]:
+    try:
+        return {str(ai[4][0]) for ai in socket.getaddrinfo(host, None)}
+    except OSError:
+        return {host}
+
+
+def inbound_sockets_from(host: str) -> int:
+    """How many sockets of this process, accepted on one of its listening ports from
+    ``host``, are still open (any state but LISTEN / TIME_WAIT)."""
+    mine = _own_socket_inodes()
+    rows = _sockets()
+    listening = {lport for (_, lport, _, _, st, ino) in rows if st == _LISTEN and ino in mine}
+    # Both ends of a connection this process made to itself (its gloo group, say) are
+    # ours: not the peer's.
+    own_ends = {(lip, lport) for (lip, lport, _, _, st, ino) in rows
+                if ino in mine and st != _LISTEN}
+    peers = _resolve(host)
+    return sum(
+        1
+        for (_, lport, rip, rport, st, ino) in rows
+        if ino in mine and st not in (_LISTEN, _TIME_WAIT) and lport in listening
+        and rip in peers and (rip, rport) not in own_ends
+    )
+
+
+def endpoint_refuses(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True only if a TCP connect to ``host:port`` is refused (nothing listens there)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError as e:
+        return e.errno == errno.ECONNREFUSED
+
+
+def mooncake_tcp_torn_down(host: str, endpoints: Iterable[Tuple[str, int]]) -> bool:
+    """The proof described in the module docstring, for the prefill on ``host`` that
+    served ``endpoints`` (its bootstrap server and each rank's ZMQ endpoint)."""
+    eps = list(endpoints)
+    if not eps:
+        return False
+    if not all(endpoint_refuses(h, p) for h, p in eps):
+        return False
+    return inbound_sockets_from(host) == 0
