@@ -715,7 +715,9 @@ mod tests {
         ("", "--teardown-ms 23", |c| sim(c).teardown_ms == 23),
         ("", "--teardown assumed-30s", |c| sim(c).teardown_ms == 300),
         ("", "--abort-rate 0.3", |c| sim(c).abort_rate == 0.3),
-        ("", "--death-period-ms 2400", |c| sim(c).death_period_ms == 2400),
+        ("", "--death-period-ms 2400", |c| {
+            sim(c).death_period_ms == 2400
+        }),
         ("", "--ack-delay-us 25", |c| sim(c).ack_delay_us == 25),
         ("", "--ack-drop 0.25", |c| sim(c).ack_drop == 0.25),
         ("", "--ack-dup 0.26", |c| sim(c).ack_dup == 0.26),
