@@ -1,3 +1,6 @@
+# mypy: disable-error-code="import-not-found, import-untyped"
+# (vLLM and prometheus_client are present only where the adapter runs: the package's own
+# stubtest and typed checks run without them.)
 """kvfence inside vLLM 0.33.0: NIXL connectors whose blocks never go back on a timer.
 
 Load with::
@@ -188,6 +191,7 @@ class _Xfer:
 
 _SEND = "send"
 _RECV = "recv"
+_TOMBSTONES = 1 << 16  # released send requests remembered (a late WRITE is refused)
 
 
 class _KvfenceWorkerMixin:
@@ -232,12 +236,14 @@ class _KvfenceWorkerMixin:
         self._kvf_room: Dict[Tuple[str, str], int] = {}  # (side, req) -> handle
         self._kvf_req_of: Dict[int, Tuple[str, str]] = {}  # handle -> (side, req)
         self._kvf_xfers: Dict[Any, _Xfer] = {}  # NIXL handle or (side, req) -> transfer
+        self._kvf_handles: Dict[Tuple[str, str], List[int]] = {}  # (side, req) -> handles
         self._kvf_rank: Dict[str, int] = {}  # remote engine id -> kvfence rank
         self._kvf_next_rank = 0
         self._kvf_lapsed: Dict[str, float] = {}  # lapsed send rooms -> lapse time
         self._kvf_to_fence: Dict[str, str] = {}  # engines to tear down -> why
         self._kvf_held: Dict[Tuple[str, str], bool] = {}  # reported by vLLM, room held
-        self._kvf_sent: Set[str] = set()  # send rooms released, to report
+        # Send rooms released (reported sent), newest last: a late WRITE is not posted.
+        self._kvf_released_sends: Dict[str, None] = {}
         self._kvf_events: List[Tuple[str, str, str]] = []
         self._kvf_tls = threading.local()
 
@@ -298,6 +304,8 @@ class _KvfenceWorkerMixin:
                 return None
             xf = _Xfer(x, req_id, side, engine, time.perf_counter())
             self._kvf_xfers[key] = xf
+            if isinstance(key, int):
+                self._kvf_handles.setdefault((side, req_id), []).append(key)
             return xf
 
     def _kvf_complete(self, key: Any) -> None:
@@ -414,23 +422,29 @@ class _KvfenceWorkerMixin:
     def _pop_done_transfers(
         self, transfers: Dict[str, List[int]]
     ) -> Tuple[Set[str], Set[str]]:
-        """vLLM's poll; every handle it dropped as DONE completes its transfer."""
+        """vLLM's poll; the handles of each request it reports done (none left in
+        progress) complete their transfers. Per request, not per handle, so the step
+        costs O(requests done), not O(handles in flight): a handle that is DONE while a
+        sibling of its request is still in progress stays a live transfer until the
+        request is done (holding longer is the safe side)."""
         self._kvf_ensure()
-        before = dict(transfers)
         done, failed = super()._pop_done_transfers(transfers)  # type: ignore[misc]
-        with self._kvf_lock:
-            for req_id, hs in before.items():
-                now = transfers.get(req_id)
-                if now is not None and len(now) == len(hs):
-                    continue
-                keep = set(now) if now else set()
-                for handle in hs:
-                    if handle not in keep:
+        if self._kvf_to_fence and transfers is self._recving_transfers:
+            # A handle failed in this poll: tear its peer down and fence it now, so that
+            # vLLM's failure report (which follows this poll) goes out in the same step.
+            self._kvf_teardowns()
+        if done:
+            side = _RECV if transfers is self._recving_transfers else _SEND
+            with self._kvf_lock:
+                for req_id in done:
+                    for handle in self._kvf_handles.pop((side, req_id), ()):
                         xf = self._kvf_xfers.get(handle)
-                        if xf is not None and not xf.failed:
-                            self._kvf_complete(handle)
-                        elif xf is not None:
+                        if xf is None:
+                            continue
+                        if xf.failed:
                             del self._kvf_xfers[handle]
+                        else:
+                            self._kvf_complete(handle)
         return done, failed
 
     def _handle_failed_transfer(
@@ -518,6 +532,11 @@ class _KvfenceWorkerMixin:
                         break
                     del self._kvf_lapsed[req_id]
                     self._kvf_quarantine(_SEND, req_id, "lapsed, never read back")
+        self._kvf_teardowns()
+
+    def _kvf_teardowns(self) -> None:
+        """Tears down (vLLM's ``_cleanup_remote_engine``) and fences each queued peer."""
+        with self._kvf_lock:
             todo = list(self._kvf_to_fence.items())
         for engine, why in todo:
             if engine in self._remote_agents:
@@ -551,10 +570,14 @@ class _KvfenceWorkerMixin:
             for r in self.kvfence_table.drain_released():
                 side, req_id = self._kvf_req_of.pop(r.handle)
                 del self._kvf_room[(side, req_id)]
+                self._kvf_handles.pop((side, req_id), None)
                 if r.reason == "quarantined":
                     self._kvf_held.pop((side, req_id), None)
                     continue  # never freed
                 if side == _SEND:
+                    self._kvf_released_sends[req_id] = None
+                    if len(self._kvf_released_sends) > _TOMBSTONES:
+                        del self._kvf_released_sends[next(iter(self._kvf_released_sends))]
                     if self._kvf_lapsed.pop(req_id, None) is not None:
                         self._kvf_event("released_after_lapse", req_id, "")
                     self._reqs_to_process.discard(req_id)
@@ -653,8 +676,8 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
         engine: str = kwargs["dst_engine_id"]
         tmp = ("posting", request_id, threading.get_ident())
         with self._kvf_lock:
-            # A request kvfence already released (reported sent) is not live any more.
-            live = (_SEND, request_id) in self._kvf_room or request_id in self._reqs_to_process
+            # A request kvfence already released (reported sent) must not be posted again.
+            live = request_id not in self._kvf_released_sends
             xf = self._kvf_begin(tmp, _SEND, request_id, engine) if live else None
         if xf is None:
             logger.info("kvfence: request %s is closing: its WRITE is not posted", request_id)
@@ -672,6 +695,7 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
                 pass  # a fence swept it meanwhile: the teardown covers this WRITE
             elif handle is not None:
                 self._kvf_xfers[handle] = mine
+                self._kvf_handles.setdefault((_SEND, request_id), []).append(handle)
             elif getattr(self._kvf_tls, "post_failed", False):
                 self._kvf_xfers[("failed", request_id, id(xf))] = mine
                 self._kvf_fail(("failed", request_id, id(xf)), "WRITE post failed")
