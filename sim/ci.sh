@@ -25,7 +25,17 @@ SRC=$?
 set -e
 echo "soak exit status: $SRC"
 
-python3 - "$TMP/repro.json" "$TMP/run.json" "$TMP/plot.svg" "$RC" "$TMP/soak.json" "$SRC" <<'PY'
+echo "== bad flags exit 2, --help exits 0"
+set +e
+"$BIN" --fan-in 99 >/dev/null 2>&1; A=$?
+"$BIN" --bogus >/dev/null 2>&1; B=$?
+"$BIN" --preset nope >/dev/null 2>&1; C=$?
+"$BIN" soak --rules naive >/dev/null 2>&1; D=$?
+"$BIN" --help > "$TMP/help.txt" 2>&1; H=$?
+set -e
+
+python3 - "$TMP/repro.json" "$TMP/run.json" "$TMP/plot.svg" "$RC" "$TMP/soak.json" "$SRC" \
+    "$A $B $C $D" "$H" "$TMP/help.txt" <<'PY'
 import json, sys
 repro = json.load(open(sys.argv[1]))
 run = json.load(open(sys.argv[2]))
@@ -34,7 +44,7 @@ rc = int(sys.argv[4])
 passed = failed = 0
 def check(name, ok, detail):
     global passed, failed
-    print(("ok   " if ok else "FAIL ") + name + ": " + detail)
+    print(("PASS " if ok else "FAIL ") + name + ": " + detail)
     if ok: passed += 1
     else: failed += 1
 r = {x["rule"]: x for x in repro["rules"]}
@@ -68,16 +78,13 @@ check("soak kvfence 0 corrupted", sr["corrupted_requests"] == 0, str(sr["corrupt
 check("soak exact page conservation", sr["conservation_ok"], str(sr["conservation_error"]))
 check("soak ran every request", sr["opened"] == soak["requests"] and sr["completed"] + sr["aborted"] == sr["opened"],
       f'{sr["opened"]} opened, {sr["completed"]} + {sr["aborted"]}')
+codes = sys.argv[7].split()
+check("bad flags exit 2 (--fan-in 99, --bogus, --preset nope, soak --rules naive)", codes == ["2"] * 4, "/".join(codes))
+help_text = open(sys.argv[9]).read()
+check("--help exits 0", sys.argv[8] == "0", sys.argv[8])
+check("--help names the teardown's source and the assumed-30s preset",
+      "e2e/hosts/TEARDOWN.md" in help_text and "assumed-30s" in help_text, "")
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 PY
 
-echo "== bad flags exit 2"
-set +e
-"$BIN" --fan-in 99 >/dev/null 2>&1; A=$?
-"$BIN" --bogus >/dev/null 2>&1; B=$?
-"$BIN" --preset nope >/dev/null 2>&1; C=$?
-"$BIN" soak --rules naive >/dev/null 2>&1; D=$?
-set -e
-if [ "$A" != 2 ] || [ "$B" != 2 ] || [ "$C" != 2 ] || [ "$D" != 2 ]; then echo "FAIL: bad flags exit $A/$B/$C/$D, want 2"; exit 1; fi
-echo "ok   bad flags exit 2"

@@ -91,7 +91,7 @@ impl Bitmap {
             _ => 1,
         };
         let nwords = len.div_ceil(64);
-        let words = crate::table::try_boxed(nwords * stride, |i| {
+        let words = crate::error::try_boxed(nwords * stride, |i| {
             let w = i / stride;
             let live = (len - w * 64).min(64);
             let bits = if i % stride != 0 {

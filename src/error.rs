@@ -99,7 +99,7 @@ pub enum Error {
     /// [`Config::max_tokens`](crate::Config::max_tokens) token-form transfers are in
     /// flight.
     TooManyTokens,
-    /// `open` asked for more pages than the whole pool has.
+    /// `open` or `grow` asked for more pages than the whole pool has.
     TooManyPages {
         /// Pages asked for.
         requested: usize,
@@ -113,7 +113,8 @@ pub enum Error {
         /// Pages asked for.
         requested: usize,
     },
-    /// The room already carries the maximum number of concurrent transfers (2^30 - 1 holds).
+    /// The room already carries the maximum number of concurrent transfers (2^25 - 1, in
+    /// flight or failed).
     TooManyTransfers,
     /// The table's memory could not be allocated (nothing was allocated; the process goes
     /// on).
@@ -190,3 +191,15 @@ impl core::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// Builds a boxed slice of `n` values without aborting the process when memory runs out.
+pub(crate) fn try_boxed<T>(n: usize, mut f: impl FnMut(usize) -> T) -> Result<Box<[T]>, Error> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Error::OutOfMemory {
+            bytes: n.saturating_mul(core::mem::size_of::<T>()),
+        });
+    }
+    v.extend((0..n).map(&mut f));
+    Ok(v.into_boxed_slice())
+}

@@ -6,11 +6,22 @@
 //! is still pending, and ends every failed transfer whose peer is `r` (see `transfer.rs`).
 //! Two races matter, and each has its own rule.
 //!
-//! **The fenced set** is a compact array of rank ids (`AtomicU32`s) and a count, written
-//! only under `fence_lock`: `fence_rank` appends, `readmit_rank` moves the last entry into
-//! the removed one's place and then shrinks the count (so a reader that loaded the old count
-//! still finds every entry). `open` reads it twice (before claiming and after publishing);
-//! with no rank fenced that is one load of the count.
+//! **The fenced set** is an array of `max_fenced` entries (`AtomicU32`s, `u32::MAX` for an
+//! empty one), a high-water mark (entries ever used, only grows) and a count, written only
+//! under `fence_lock`. An entry never moves: `fence_rank` stores the rank into the first
+//! empty entry (raising the mark if it is past it) and then raises the count;
+//! `readmit_rank` empties the rank's entry and then lowers the count. So membership reads
+//! without the lock are linearizable: a reader loads the count (0: nothing is fenced, done),
+//! then the mark, then the entries below it one by one; a rank that stays fenced for the
+//! whole read sits in one entry that no writer touches meanwhile (inserts only fill empty
+//! entries, removals only empty their own rank's), below a mark the reader saw, so the
+//! reader finds it; a rank it reports was in its entry at the moment of that load. (Before
+//! issue 18, readmit moved the last entry into the removed one's place and the next fence
+//! appended into the last place: a reader between the two missed a rank that stayed
+//! fenced, and a failed transfer to it was registered after the fence's sweep, holding its
+//! room forever. The test-only mutation `kvfence_moving_fenced_set` restores that.) `open`
+//! reads the set twice (before claiming and after publishing); with no rank fenced that is
+//! one load of the count.
 //!
 //! **Fence vs. open (store-buffer).** `fence_rank` adds the rank, issues `fence(SeqCst)`
 //! and reads the room words; `open` publishes its room word, issues `fence(SeqCst)` and
@@ -49,10 +60,10 @@
 //! loom cannot (see loom-tests/README.md).
 
 use crate::error::Error;
-use crate::room_word::Phase;
-use crate::sync::{fence, AtomicU32, Ordering};
-use crate::table::{lock, try_boxed};
-use crate::{Quiesced, Released, RoomTable};
+use crate::release::{Quiesced, Released};
+use crate::room_word::{Hold, Phase, Step};
+use crate::state::{lock, RoomTable};
+use crate::sync::{fence, Ordering};
 
 /// What [`RoomTable::fence_rank`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,72 +78,6 @@ pub struct Fenced {
     /// Rooms that this fence released into the release queue (a table made with
     /// [`Config::release_queue`](crate::Config::release_queue)).
     pub queued: usize,
-}
-
-/// The fenced ranks (see the module docs).
-#[derive(Debug)]
-pub(crate) struct FencedRanks {
-    ids: Box<[AtomicU32]>,
-    count: AtomicU32,
-}
-
-impl FencedRanks {
-    pub(crate) fn new(max: usize) -> Result<FencedRanks, Error> {
-        Ok(FencedRanks {
-            ids: try_boxed(max, |_| AtomicU32::new(u32::MAX))?,
-            count: AtomicU32::new(0),
-        })
-    }
-
-    fn entries(&self) -> impl Iterator<Item = u32> + '_ {
-        let n = (self.count.load(Ordering::SeqCst) as usize).min(self.ids.len());
-        self.ids[..n].iter().map(|id| id.load(Ordering::SeqCst))
-    }
-
-    pub(crate) fn contains(&self, rank: u32) -> bool {
-        self.entries().any(|r| r == rank)
-    }
-
-    /// The first rank of `writers` that is fenced.
-    pub(crate) fn first_of(&self, writers: &[u32]) -> Option<u32> {
-        if self.count.load(Ordering::SeqCst) == 0 {
-            return None;
-        }
-        writers.iter().copied().find(|&w| self.contains(w))
-    }
-
-    /// Adds `rank` (under `fence_lock`). `Ok(false)` if it was fenced already.
-    fn insert(&self, rank: u32) -> Result<bool, Error> {
-        if self.contains(rank) {
-            return Ok(false);
-        }
-        let n = self.count.load(Ordering::Relaxed) as usize;
-        if n == self.ids.len() {
-            return Err(Error::TooManyFenced { max: n });
-        }
-        self.ids[n].store(rank, Ordering::SeqCst);
-        self.count.store(n as u32 + 1, Ordering::SeqCst);
-        Ok(true)
-    }
-
-    /// Removes `rank` (under `fence_lock`); whether it was there.
-    fn remove(&self, rank: u32) -> bool {
-        let n = self.count.load(Ordering::Relaxed) as usize;
-        let Some(at) = (0..n).find(|&i| self.ids[i].load(Ordering::Relaxed) == rank) else {
-            return false;
-        };
-        let last = self.ids[n - 1].load(Ordering::Relaxed);
-        self.ids[at].store(last, Ordering::SeqCst);
-        self.count.store(n as u32 - 1, Ordering::SeqCst);
-        true
-    }
-
-    pub(crate) fn list(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.entries().collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    }
 }
 
 impl RoomTable {
@@ -212,13 +157,15 @@ impl RoomTable {
             }
         }
         for failed in self.take_failed(|f| f.peer == Some(rank)) {
-            out.failed_ended += 1;
+            out.failed_ended += failed.count as usize;
             let word = &self.slots[failed.index as usize].0.word;
-            if let Ok(crate::room_word::Step::Released(phase)) = word.drop_hold(failed.gen) {
-                match self.release(failed.index as usize, failed.gen, phase) {
-                    Some(released) => out.released.push(released),
-                    // A failed transfer's room was handed out: never rolled back.
-                    None => out.queued += 1,
+            for _ in 0..failed.count {
+                if let Ok(Step::Released(reason)) = word.drop_hold(failed.gen, Hold::Transfer) {
+                    match self.release(failed.index as usize, failed.gen, reason) {
+                        Some(released) => out.released.push(released),
+                        // A failed transfer's room was handed out: never rolled back.
+                        None => out.queued += 1,
+                    }
                 }
             }
         }

@@ -79,40 +79,64 @@
 //!
 //! # Modules (implementation)
 //!
-//! `sync` (std/loom shim), `pack` (bit fields), `config`, `room_word` (the lifecycle
-//! word), `writers` (inline writer lists and their generation-tagged masks), `bitmap` (free
-//! lists), `handle` (keyed handles and their wire form), `table` (open, grow, ACKs,
-//! close), `release` (deciding and delivering releases, the queue, quarantine), `transfer`
-//! (guards, tokens, outcomes), `fence` (fence and readmit), `wait` (per-room parking),
-//! `stats`, `error`. Each opens with an "Implementation details" section; the design is in
+//! Data and calls flow one way, from the top of this list to the bottom; a module uses
+//! only modules below it (`lib.rs` re-exports):
+//!
+//! * `table`: the lifecycle API (open, grow, `quiesce`, abort, finish, phase); composes
+//!   everything below, and nothing imports from it.
+//! * `wait` (waiting for releases), `stats` (snapshot and per-room status): read only.
+//! * `quarantine`, then `fence` (fence and readmit), then `transfer` (guards, tokens,
+//!   outcomes, the failed-transfer registry), then `release` (the steps that may decide a
+//!   release; delivering it; the release queue's drain).
+//! * `state`: the table's state, [`RoomTable`]'s fields and the per-room `Slot`, with the
+//!   helpers every concern uses (generation tags, marks, the lock helper, the clock).
+//! * self-contained pieces: `room_word` (the lifecycle word), `writers` (inline writer
+//!   lists and their generation-tagged masks), `fenced` (the fenced-rank set), `queue`
+//!   (the release queue's bitmap), `park` (per-room parking), `counters` (striped event
+//!   counters), `bitmap` (free lists), `handle` (keyed handles and their wire form),
+//!   `config`, `error` (and fallible boxing), `pack` (bit fields), `sync` (the std / loom /
+//!   shuttle shim).
+//!
+//! Each opens with an "Implementation details" section; the design is in
 //! `docs/DESIGN.md`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+// Below the concerns: primitives and data, each self-contained.
 mod bitmap;
 mod config;
+mod counters;
 mod error;
-mod fence;
+mod fenced;
 mod handle;
 mod pack;
-mod release;
+mod park;
+mod queue;
 mod room_word;
-mod stats;
 mod sync;
-mod table;
+mod writers;
+// The table's state (fields, per-room slot, shared helpers).
+mod state;
+// The concerns, in the order they build on each other.
+mod fence;
+mod quarantine;
+mod release;
+mod stats;
 mod transfer;
 mod wait;
-mod writers;
+// The lifecycle API (open, grow, quiesce, abort, finish), composing the above.
+mod table;
 
 pub use config::{Config, MAX_PAGES};
 pub use error::Error;
 pub use fence::Fenced;
 pub use handle::{RoomHandle, MAX_ROOMS};
-pub use release::{Reason, Released};
+pub use release::{Quiesced, Reason, Released};
 pub use room_word::Phase;
+pub use state::RoomTable;
 pub use stats::{ClosingRoom, RoomStatus, Stats, Usage};
-pub use table::{Aborted, Opened, Quiesced, RoomTable};
+pub use table::{Aborted, Opened};
 pub use transfer::{Outcome, OwnedTransferGuard, TransferGuard, TransferToken};
 pub use writers::{Fanout, MAX_WRITERS};
 

@@ -1,4 +1,5 @@
-//! The release: deciding it, delivering it exactly once, the release queue, quarantine.
+//! The release: deciding it, delivering it exactly once, the release queue's drain
+//! (quarantine is in `quarantine.rs`).
 //!
 //! # Implementation details
 //!
@@ -23,63 +24,29 @@
 //!
 //! The queue is a bitmap over room indices plus a count: bounded by construction (a room
 //! has at most one release pending, and its index is not reused before that release is
-//! drained), lock-free (a `fetch_or` to push, a `fetch_and` to pop: the bit arbitrates
-//! between concurrent drainers) and allocation-free. Popping scans the bitmap words, so a
-//! drain costs `rooms / 64` loads when something is pending and one load when nothing is.
+//! drained), lock-free (a `fetch_or` to push; to take, a `fetch_and` clearing the bits
+//! taken: the bit arbitrates between concurrent drainers) and allocation-free.
+//! [`RoomTable::drain_released`] makes **one pass** over the bitmap words and takes every
+//! bit of a word with one `swap(0)`, so a drain of `k` releases out of `rooms` costs
+//! `rooms / 64` loads plus one RMW per non-empty word, wherever the `k` rooms are (before
+//! issue 18 it popped one at a time, each pop restarting at word 0: `k` scans). It stops
+//! early once it has taken as many releases as the count said were pending when it
+//! began. A drain with nothing pending is one load of the count.
+//! [`RoomTable::pop_released`] takes one release, scanning from word 0.
 //!
-//! **Quarantine.** A room that can never be proven drained (a failed transfer whose peer's
-//! transport cannot be torn down) is ended by [`RoomTable::quarantine`]: it gives up on
-//! every pending writer and failed transfer of the room, exactly as a fence would, after
-//! marking the lifecycle quarantined. The release that follows (at once, or when the last
-//! local transfer ends) returns the room index to service but never the pages: pool pages
-//! stay out of the pool for good and gate-mode releases say [`Reason::Quarantined`] (the
-//! engine must never free those pages). Time still never frees anything.
+//! **The steps that may decide** live here too: dropping a hold of any kind
+//! (`drop_hold`), clearing a writer's position (`clear_position`, which drops its mask
+//! word's hold when it empties) and giving up every pending writer (`give_up_writers`, for
+//! a rollback or a quarantine). Quarantine itself is in `quarantine.rs`.
 
+use crate::counters::Event;
 use crate::error::Error;
-use crate::room_word::{Phase, Refusal, Step};
-use crate::stats::Event;
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
-use crate::table::{mark, reason_of, tagged, try_boxed, untag};
-use crate::{RoomHandle, RoomTable};
-
-/// Why a room was released.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// Finished normally (`finish`), and everything in flight drained.
-    Finished,
-    /// Aborted, and every writer acknowledged (or was fenced) and every transfer ended.
-    Aborted,
-    /// Quarantined: the room index is back, but the pages must **never** be freed or
-    /// reused (a write to them may still land). Pool mode keeps them out of the pool.
-    Quarantined,
-}
-
-impl Reason {
-    const fn code(self) -> u32 {
-        match self {
-            Reason::Finished => 0,
-            Reason::Aborted => 1,
-            Reason::Quarantined => 2,
-        }
-    }
-    const fn from_code(code: u32) -> Reason {
-        match code {
-            0 => Reason::Finished,
-            1 => Reason::Aborted,
-            _ => Reason::Quarantined,
-        }
-    }
-}
-
-impl core::fmt::Display for Reason {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            Reason::Finished => "finished",
-            Reason::Aborted => "aborted",
-            Reason::Quarantined => "quarantined",
-        })
-    }
-}
+pub use crate::room_word::Reason;
+use crate::room_word::{Hold, Refusal, Step};
+use crate::state::{mark, tagged, untag, RoomTable, Slot};
+use crate::sync::Ordering;
+use crate::writers::Cleared;
+use crate::RoomHandle;
 
 /// A room's release: its lifecycle is over and nothing can write its pages any more
 /// (unless [`Reason::Quarantined`]). Delivered exactly once.
@@ -97,64 +64,93 @@ pub struct Released {
     pub reason: Reason,
 }
 
-/// Rooms whose release waits in the release queue (see the module docs).
-#[derive(Debug)]
-pub(crate) struct PendingSet {
-    words: Box<[AtomicU64]>,
-    count: AtomicUsize,
-}
-
-impl PendingSet {
-    pub(crate) fn new(rooms: usize) -> Result<PendingSet, Error> {
-        Ok(PendingSet {
-            words: try_boxed(rooms.div_ceil(64), |_| AtomicU64::new(0))?,
-            count: AtomicUsize::new(0),
-        })
-    }
-
-    fn push(&self, index: usize) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let old = self.words[index / 64].fetch_or(1 << (index % 64), Ordering::Release);
-        debug_assert_eq!(old & 1 << (index % 64), 0, "room {index} queued twice");
-    }
-
-    /// Takes one pending room index, if any.
-    fn pop(&self) -> Option<usize> {
-        if self.count.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        for (w, word) in self.words.iter().enumerate() {
-            let mut bits = word.load(Ordering::Relaxed);
-            while bits != 0 {
-                let bit = 1u64 << bits.trailing_zeros();
-                if cfg!(kvfence_racy_queue_pop) {
-                    // MUTATION (test-only): take the bit with a load and a store instead of
-                    // one RMW: two drainers can both deliver the same release.
-                    word.store(bits & !bit, Ordering::Release);
-                    self.count.fetch_sub(1, Ordering::Relaxed);
-                    return Some(w * 64 + bit.trailing_zeros() as usize);
-                }
-                if word.fetch_and(!bit, Ordering::Acquire) & bit != 0 {
-                    self.count.fetch_sub(1, Ordering::Relaxed);
-                    return Some(w * 64 + bit.trailing_zeros() as usize);
-                }
-                bits = word.load(Ordering::Relaxed);
-            }
-        }
-        None
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
-    }
+/// What [`RoomTable::quiesce`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a release must be acted on"]
+pub enum Quiesced {
+    /// The rank is marked done; the room still waits on others (or is still live).
+    Recorded,
+    /// The rank had already quiesced in this lifecycle: nothing changed.
+    Duplicate,
+    /// This was the last thing the closing room waited on: it is released.
+    Released(Released),
+    /// This released the room, and the release went to the release queue (the table was
+    /// made with [`Config::release_queue`](crate::Config::release_queue)).
+    Queued,
 }
 
 impl RoomTable {
-    /// The caller won the RMW that moved room `index` from lifecycle `gen` (closed to
-    /// `phase`) to `FREE`. Delivers the release now (`Some`), or queues it (`None`), as the
-    /// table is configured; a rolled-back `open` is returned to service silently (`None`).
-    pub(crate) fn release(&self, index: usize, gen: u32, phase: Phase) -> Option<Released> {
-        self.release_to(index, gen, phase, self.config.release_queue)
+    /// Takes a transfer hold on an owned room of generation `gen`.
+    pub(crate) fn hold(&self, slot: &Slot, gen: u32) -> Result<(), Error> {
+        match slot.word.begin(gen, Hold::Transfer) {
+            Ok(()) => Ok(()),
+            Err(Refusal::Stale) => Err(self.stale()),
+            Err(Refusal::Phase(phase)) => Err(Error::RoomClosed { phase }),
+            Err(Refusal::HoldsFull) => Err(Error::TooManyTransfers),
+        }
+    }
+
+    /// Drops a hold of `kind` the caller owns; returns the release if it was the last.
+    #[inline]
+    pub(crate) fn drop_hold(&self, index: usize, gen: u32, kind: Hold) -> Option<Released> {
+        match self.slots[index].0.word.drop_hold(gen, kind) {
+            Ok(Step::Released(reason)) => self.release(index, gen, reason),
+            Ok(Step::Held) => None,
+            // Unreachable for a real hold: a held room cannot be released under it. (Only
+            // the test-only `kvfence_naive_release` mutation gets here.)
+            Err(_) => None,
+        }
+    }
+
+    /// Clears writer position `pos` of lifecycle `gen` of room `index`; drops the mask
+    /// word's hold if it empties.
+    pub(crate) fn clear_position(
+        &self,
+        index: usize,
+        gen: u32,
+        pos: usize,
+    ) -> Result<Quiesced, Error> {
+        match self.slots[index].0.writers.clear(gen, pos) {
+            Err(_) => Err(Error::StaleHandle),
+            Ok(Cleared::Duplicate) => Ok(Quiesced::Duplicate),
+            Ok(Cleared::Bit) => Ok(Quiesced::Recorded),
+            Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen, Hold::Writers)
+            {
+                Ok(Step::Released(reason)) => Ok(match self.release(index, gen, reason) {
+                    Some(released) => Quiesced::Released(released),
+                    None if self.is_rolled_back(index, gen) => Quiesced::Recorded,
+                    None => Quiesced::Queued,
+                }),
+                // The word's hold was ours; with the mutation above it may not be.
+                Ok(Step::Held) | Err(_) => Ok(Quiesced::Recorded),
+            },
+        }
+    }
+
+    fn is_rolled_back(&self, index: usize, gen: u32) -> bool {
+        self.slots[index].0.rolled_back.load(Ordering::Relaxed) == mark(gen)
+    }
+
+    /// Clears every writer still pending in lifecycle `gen` of room `index` (a rollback, a
+    /// quarantine); returns a release one of those clears performed.
+    pub(crate) fn give_up_writers(&self, index: usize, gen: u32) -> Option<Released> {
+        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
+            self.slots[index].0.writers.pending_positions(gen).collect();
+        let mut out = None;
+        for pos in positions {
+            if let Ok(Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
+                out = Some(r);
+            }
+        }
+        out
+    }
+
+    /// The caller won the RMW that moved room `index` from lifecycle `gen` to `FREE`, for
+    /// `reason` (read from the value that RMW observed). Delivers the release now (`Some`),
+    /// or queues it (`None`), as the table is configured; a rolled-back `open` is returned
+    /// to service silently (`None`).
+    pub(crate) fn release(&self, index: usize, gen: u32, reason: Reason) -> Option<Released> {
+        self.release_to(index, gen, reason, self.config.release_queue)
     }
 
     /// [`release`](Self::release), forcing the queue when `queue` (no caller to return to).
@@ -162,28 +158,35 @@ impl RoomTable {
         &self,
         index: usize,
         gen: u32,
-        phase: Phase,
+        reason: Reason,
         queue: bool,
     ) -> Option<Released> {
         let slot = &self.slots[index].0;
-        // A release that depends on a rollback's or a quarantine's own RMWs sees its mark
-        // (stored before those RMWs; every release RMW is later in the room word's order).
-        // A quarantine that lands after the deciding RMW (in the gap before FREE is stored)
-        // may or may not be seen: if seen, the pages are kept out for good although they
-        // drained (safe, a leak the stats count); the quarantine itself reports a stale
-        // handle either way.
+        // A release that depends on a rollback's own RMWs sees its mark (stored before
+        // those RMWs; every release RMW is later in the room word's order).
         if slot.rolled_back.load(Ordering::Relaxed) == mark(gen) {
             let _ = self.deliver(index, gen, Reason::Aborted, false);
             return None;
         }
-        let quarantined = slot.quarantined.load(Ordering::Relaxed) == mark(gen)
+        // MUTATION (test-only): the pre-fix quarantine, whose mark was a separate store
+        // read here, after the deciding RMW: a refused quarantine could still keep pages.
+        #[cfg(kvfence_quarantine_mark_first)]
+        let reason = if slot.quarantine_mark.load(Ordering::Relaxed) == mark(gen) {
+            Reason::Quarantined
+        } else {
+            reason
+        };
+        let reason = match reason {
             // MUTATION (test-only): a quarantined room's pages treated as drained.
-            && !cfg!(kvfence_quarantine_frees_pages);
-        let reason = reason_of(phase, quarantined);
+            Reason::Quarantined if cfg!(kvfence_quarantine_frees_pages) => Reason::Aborted,
+            reason => reason,
+        };
         if queue {
             slot.queued
-                .store(tagged(gen, reason.code()), Ordering::Relaxed);
+                .store(tagged(gen, reason.code()), Ordering::Release);
             self.queue.push(index);
+            // The release is decided and queued: a waiter for it may go on (and drain).
+            slot.parking.notify();
             return None;
         }
         Some(self.deliver(index, gen, reason, true))
@@ -196,8 +199,10 @@ impl RoomTable {
         let pages = slot.pages.with_mut(|list| {
             // SAFETY: the release of lifecycle `gen` was decided (by an RMW that
             // happens-after every writer and grower of the list) and is delivered once:
-            // directly by the winner, or by the one drainer whose `fetch_and` took the
-            // room's queue bit (which happens-after the winner's `fetch_or`). The index is
+            // directly by the winner, or by the one drainer whose RMW took the room's queue
+            // bit (`fetch_and` of a pop, `swap` of a drain, both `Acquire`: they
+            // happen-after the winner's `fetch_or`; a bit a bounded drain puts back is
+            // taken again by such an RMW). The index is
             // still claimed, so no opener touches the list until we free it below.
             core::mem::take(unsafe { &mut *list })
         });
@@ -233,9 +238,9 @@ impl RoomTable {
     }
 
     /// Drops a hold whose caller cannot return a release: a release it performs is queued.
-    pub(crate) fn drop_hold_to_queue(&self, index: usize, gen: u32) {
-        if let Ok(Step::Released(phase)) = self.slots[index].0.word.drop_hold(gen) {
-            let _ = self.release_to(index, gen, phase, true);
+    pub(crate) fn drop_hold_to_queue(&self, index: usize, gen: u32, kind: Hold) {
+        if let Ok(Step::Released(reason)) = self.slots[index].0.word.drop_hold(gen, kind) {
+            let _ = self.release_to(index, gen, reason, true);
         }
     }
 
@@ -278,71 +283,16 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn drain_released(&self, out: &mut Vec<Released>) -> usize {
-        let mut n = 0;
-        while let Some(released) = self.pop_released() {
-            out.push(released);
-            n += 1;
-        }
-        n
+        self.drain_released_max(out, usize::MAX)
     }
 
-    /// Ends a room that can never be proven drained (its rank's transport cannot be torn
-    /// down): gives up on its pending writers and failed transfers. The room index returns
-    /// to service once local transfers still in flight end; its pages never do (see
-    /// [`Reason::Quarantined`]). Counted in [`stats`](Self::stats).
-    ///
-    /// Returns the release if this call performed it (direct delivery).
-    ///
-    /// # Errors
-    /// [`Error::StaleHandle`] (already released), [`Error::InvalidHandle`],
-    /// [`Error::UnknownRoom`].
-    ///
-    /// ```
-    /// use kvfence::{Config, Reason, RoomTable};
-    /// let table = RoomTable::new(Config::gate(8))?;
-    /// let h = table.open_gate(&[5], 1, vec![40, 41])?;
-    /// let t = table.begin_transfer_to(h, 5)?;
-    /// assert!(t.fail().is_none());            // outcome unknown: the room stays held
-    /// let _ = table.abort(h)?;
-    /// let _ = table.quiesce(h, 5)?;           // even after the ACK...
-    /// let r = table.quarantine(h)?.expect("released by the quarantine");
-    /// assert_eq!(r.reason, Reason::Quarantined);   // ...never free pages 40, 41
-    /// assert_eq!(table.stats().quarantined_pages, 2);
-    /// # Ok::<(), kvfence::Error>(())
-    /// ```
-    pub fn quarantine(&self, handle: RoomHandle) -> Result<Option<Released>, Error> {
-        let slot = self.slot(handle)?;
-        let (index, gen) = (handle.index(), handle.generation());
-        let state = slot.word.load(Ordering::Acquire);
-        if state.gen() != gen || state.phase() == Phase::Free {
-            return Err(self.stale());
-        }
-        // Mark this lifecycle, unless a newer one is marked already (this call ran late:
-        // the room was released and reopened since the check above, and the stale close
-        // below will refuse): a late store must never erase a newer lifecycle's mark.
-        let _ = slot
-            .quarantined
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
-                let newer = cur != 0 && (((cur as u32).wrapping_sub(gen)) as i32) > 0;
-                (!newer).then_some(mark(gen))
-            });
-        let mut out = None;
-        match slot.word.close(gen, Phase::Aborting) {
-            Ok(Step::Released(phase)) => return Ok(self.release(index, gen, phase)),
-            Ok(Step::Held) | Err(Refusal::Phase(_)) => {}
-            Err(Refusal::Stale) => return Err(self.stale()),
-            Err(Refusal::HoldsFull) => unreachable!("close never adds a hold"),
-        }
-        // Give up on every writer still pending...
-        if let Some(r) = self.give_up_writers(index, gen) {
-            out = Some(r);
-        }
-        // ...and on every failed transfer of the room.
-        for failed in self.take_failed(|f| f.index == index as u32 && f.gen == gen) {
-            if let Some(r) = self.drop_hold(failed.index as usize, failed.gen) {
-                out = Some(r);
-            }
-        }
-        Ok(out)
+    /// [`drain_released`](Self::drain_released), delivering at most `max` releases (the
+    /// rest stay queued for the next call): for callers with a fixed-size buffer (the C
+    /// ABI). Still one pass over the bitmap.
+    pub fn drain_released_max(&self, out: &mut Vec<Released>, max: usize) -> usize {
+        self.queue.drain(max, |index| {
+            let (gen, code) = untag(self.slots[index].0.queued.load(Ordering::Relaxed));
+            out.push(self.deliver(index, gen, Reason::from_code(code), true));
+        })
     }
 }

@@ -11,67 +11,25 @@
 //! counted at all: [`RoomTable::stats`](crate::RoomTable::stats) derives it from the room
 //! words and the bitmaps, so nothing on the lifecycle path maintains it.
 //!
-//! A room is read consistently: its page count, closing time and failed-transfer count are
-//! each tagged with the generation they belong to, and a room caught between lifecycles is
-//! read again.
+//! A room is read consistently (one per-room snapshot, seqlock-style): the room word is
+//! loaded, then the room's other fields (page count and failed-transfer count, each tagged
+//! with its generation; the closing time; the writer masks), then, after an `Acquire`
+//! fence, the room word again; the snapshot is taken only if the word did not change at
+//! all, else the room is read again. Phase, transfers and quarantine come from that one
+//! word value, so `transfers` counts exactly the transfers holding the room at that instant
+//! (it is its own field of the word: no difference of two counts read at different
+//! moments, which reported transfers that never existed before issue 18), and the writers
+//! still pending are those of the same instant (a writer's ACK clears its mask bit first;
+//! while the word is unchanged that ACK is recorded and nothing else moved).
 
+use crate::counters::Event;
+use crate::error::Error;
+use crate::handle::RoomHandle;
 use crate::room_word::Phase;
-use crate::sync::{AtomicU64, Ordering, Padded};
-use crate::table::{untag, NOT_CLOSED};
+use crate::state::{untag, RoomTable};
+use crate::sync::{fence, Ordering};
 use crate::writers::Fanout;
-use crate::{Error, RoomHandle, RoomTable};
 use std::time::Duration;
-
-#[cfg(not(loom))]
-const STRIPES: usize = 32;
-#[cfg(loom)]
-const STRIPES: usize = 2;
-
-/// Which counter to bump.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Event {
-    Release = 0,
-    Stale = 1,
-    Duplicate = 2,
-    FailedTransfer = 3,
-    QuarantinedRoom = 4,
-    QuarantinedPages = 5,
-}
-const EVENTS: usize = 6;
-
-/// Per-thread striped event counters.
-#[derive(Debug)]
-pub(crate) struct Counters {
-    stripes: Box<[Padded<[AtomicU64; EVENTS]>]>,
-}
-
-impl Counters {
-    pub(crate) fn new() -> Counters {
-        Counters {
-            stripes: (0..STRIPES)
-                .map(|_| Padded(core::array::from_fn(|_| AtomicU64::new(0))))
-                .collect(),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn bump(&self, event: Event) {
-        self.add(event, 1);
-    }
-
-    #[inline]
-    pub(crate) fn add(&self, event: Event, n: u64) {
-        let stripe = &self.stripes[crate::sync::thread_seed() % STRIPES];
-        stripe.0[event as usize].fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn sum(&self, event: Event) -> u64 {
-        self.stripes
-            .iter()
-            .map(|s| s.0[event as usize].load(Ordering::Relaxed))
-            .sum()
-    }
-}
 
 /// How many rooms (or pages) are free, owned (live), held (closing, waiting to drain) and
 /// released but not yet drained from the release queue.
@@ -111,8 +69,9 @@ pub struct RoomStatus {
     pub failed: u32,
     /// Pages it holds.
     pub pages: usize,
-    /// Time since `abort`/`finish`: how overdue its drain is (zero while owned, and for a
-    /// room closed so recently that its time is not stored yet). Time never releases it.
+    /// Time since `abort`, `finish` or `quarantine` closed it: how overdue its drain is
+    /// (zero while owned, and for a room closed so recently that its time is not stored
+    /// yet). Counted in 64-bit milliseconds: it does not wrap. Time never releases it.
     pub closing_for: Duration,
     /// Quarantined: its release will say
     /// [`Reason::Quarantined`](crate::Reason::Quarantined).
@@ -151,9 +110,11 @@ pub struct Stats {
     pub quarantined_pages: u64,
 }
 
-/// How often a room that changed lifecycle under the reader is re-read before it is left
-/// out of this snapshot (it is between lifecycles: counted in no category).
-const STATS_RETRIES: usize = 8;
+/// How often a room that changed under the reader is re-read. A room that changes on every
+/// one of them is reported from the last read (each field then comes from a state that
+/// existed, not all from one), or, between lifecycles, left out of `stats` (counted in no
+/// category) and reported stale by `room_status`.
+const STATS_RETRIES: usize = 64;
 
 impl RoomTable {
     /// A snapshot of occupancy, closing rooms and event counts (see [`Stats`]).
@@ -232,8 +193,9 @@ impl RoomTable {
     }
 
     /// One room, read consistently; `want`: only that lifecycle.
-    fn snapshot(&self, index: usize, want: Option<u32>, now_ms: u32) -> Snapshot {
+    fn snapshot(&self, index: usize, want: Option<u32>, now_ms: u64) -> Snapshot {
         let slot = &self.slots[index].0;
+        let mut last = None;
         for _ in 0..STATS_RETRIES {
             let state = slot.word.load(Ordering::Acquire);
             let gen = state.gen();
@@ -257,37 +219,42 @@ impl RoomTable {
                 return Snapshot::Free;
             }
             let (sized_gen, pages) = untag(slot.sized.load(Ordering::Relaxed));
-            let (closed_gen, closed_ms) = untag(slot.closed_at.load(Ordering::Relaxed));
+            let closed = slot.closed_ms.load(Ordering::Relaxed);
             let (failed_gen, failed) = untag(slot.failed.load(Ordering::Relaxed));
-            let quarantined = slot.quarantined.load(Ordering::Relaxed) == crate::table::mark(gen);
             let waiting_on = slot.writers.pending(gen);
-            let words = slot.writers.pending_words(gen);
-            // The reads above belong to `state`'s lifecycle only if the word did not move
-            // on meanwhile (a new lifecycle restamps them before it publishes).
+            // The reads above belong to `state` only if the word did not change meanwhile
+            // (a new lifecycle restamps them before it publishes, with `Release` stores:
+            // if we read one, this fence makes the word's move visible to the load below).
+            fence(Ordering::Acquire);
             let again = slot.word.load(Ordering::Acquire);
             if again.gen() != gen || again.phase() == Phase::Free || sized_gen != gen {
                 continue;
             }
-            let closing_for =
-                if again.phase().is_closing() && closed_gen == gen && closed_ms != NOT_CLOSED {
-                    // Closed after `now_ms` was read (a negative difference): just now.
-                    let ms = now_ms.wrapping_sub(closed_ms);
-                    Duration::from_millis(if (ms as i32) < 0 { 0 } else { u64::from(ms) })
-                } else {
-                    Duration::ZERO
-                };
-            return Snapshot::Live(RoomStatus {
+            let closing_for = if again.phase().is_closing() && closed != 0 {
+                // Closed after `now_ms` was read: just now.
+                Duration::from_millis(now_ms.saturating_sub(closed - 1))
+            } else {
+                Duration::ZERO
+            };
+            let room = RoomStatus {
                 handle: self.handle(index, gen),
                 phase: again.phase(),
                 waiting_on,
-                transfers: again.holds().saturating_sub(words),
+                transfers: again.transfers(),
                 failed: if failed_gen == gen { failed } else { 0 },
                 pages: pages as usize,
                 closing_for,
-                quarantined,
-            });
+                quarantined: again.quarantined(),
+            };
+            if again == state {
+                return Snapshot::Live(room);
+            }
+            last = Some(room);
         }
-        Snapshot::Free
+        match last {
+            Some(room) => Snapshot::Live(room),
+            None => Snapshot::Free,
+        }
     }
 
     fn rooms_free_bit_taken(&self, index: usize) -> bool {

@@ -194,3 +194,11 @@ impl<T> core::ops::Deref for Padded<T> {
         &self.0
     }
 }
+
+/// Locks a mutex whose data a panic cannot leave inconsistent (a `push`, a `retain`, or no
+/// data at all), so poisoning is ignored.
+pub(crate) fn lock<T>(mutex: &imp::Mutex<T>) -> imp::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

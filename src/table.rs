@@ -1,42 +1,24 @@
-//! [`RoomTable`]: rooms, their pages, their writers; opening, ACKs and closing.
+//! The lifecycle API of [`RoomTable`]: open (both modes), grow, `quiesce`, abort, finish,
+//! phase. It composes the modules below it and nothing imports from it but `lib.rs`.
 //!
 //! # Implementation details
 //!
-//! State lives in a few places, each with one rule for who may write it:
-//!
-//! | state | written by | when |
-//! |---|---|---|
-//! | room bitmap bit | claimer (`open`), then the releaser (or the queue's drainer) | claim: CAS 1->0; release: `fetch_or` after the pages are handed back |
-//! | page list (`UnsafeCell<Vec<u32>>`) | the claimer of the room index; `grow` under the room's grow lock *and* a hold; the releaser | see below |
-//! | writer list and mask words | the opener (stamp), then CASes of the same generation | `writers.rs` |
-//! | room word | the opener (`publish`), then CAS / `fetch_sub` by everyone | `room_word.rs` |
-//! | token, size, closing time, marks | the opener before `publish`; then tagged updates | each is tagged with its generation |
-//!
-//! **The page list.** Written by the opener before its `Release` publish; appended to by
-//! `grow`, which holds a hold on the room (so it cannot be released meanwhile) and the
-//! room's grow lock (so two growers never append at once); read and taken only by the
-//! releaser, which won the RMW that took a closing room to zero holds and so happens-after
-//! every writer (every intermediate change of the room word is an RMW, which continues the
-//! release sequence). Nobody else ever reads it: transfer guards do not expose it (the
-//! caller has the page ids from `open`, `grow` or, in gate mode, its own allocator).
-//!
-//! **The release** (deciding it, delivering it, quarantine) lives in `release.rs`; fencing
-//! in `fence.rs`; transfers (guards, tokens, failed outcomes) in `transfer.rs`; waits in
-//! `wait.rs`; statistics and per-room status in `stats.rs`.
+//! `open` claims a room index, fills the page list, stamps the writer list and publishes
+//! the room word, then re-checks the fenced set (the store-buffer pair with `fence_rank`:
+//! `fence.rs`) and rolls the room back if a fence touched it. Closing (`abort`, `finish`)
+//! is one CAS of the room word (`room_word.rs`); a close that leaves the room held takes
+//! the stamp hold, stores the closing time and drops it. `quiesce` clears the rank's mask
+//! bit (`writers.rs`); the steps that may decide a release are in `release.rs`. Who writes
+//! which piece of a room's state is in `state.rs`.
 
-use crate::bitmap::{Bitmap, Kind};
-use crate::config::Config;
+use crate::counters::Event;
 use crate::error::Error;
-use crate::fence::FencedRanks;
-use crate::handle::{HandleKey, RoomHandle};
-use crate::release::{PendingSet, Reason, Released};
-use crate::room_word::{Phase, Refusal, RoomWord, Step};
-use crate::stats::{Counters, Event};
-use crate::sync::{fence, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering, Padded, UnsafeCell};
-use crate::transfer::{FailedTransfer, TokenSlot};
-use crate::wait::Parking;
-use crate::writers::{check_writers, Cleared, Fanout, Writers};
-use std::time::Instant;
+use crate::handle::RoomHandle;
+use crate::release::{Quiesced, Released};
+use crate::room_word::{Closed, Hold, Phase, Refusal};
+use crate::state::{lock, mark, tagged, RoomTable, SLOT_HOT_BYTES};
+use crate::sync::{fence, Ordering};
+use crate::writers::{check_writers, Fanout};
 
 /// What [`RoomTable::open`] returns (pool mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,242 +40,7 @@ pub struct Aborted {
     pub released: Option<Released>,
 }
 
-/// What [`RoomTable::quiesce`] did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[must_use = "a release must be acted on"]
-pub enum Quiesced {
-    /// The rank is marked done; the room still waits on others (or is still live).
-    Recorded,
-    /// The rank had already quiesced in this lifecycle: nothing changed.
-    Duplicate,
-    /// This was the last thing the closing room waited on: it is released.
-    Released(Released),
-    /// This released the room, and the release went to the release queue (the table was
-    /// made with [`Config::release_queue`]).
-    Queued,
-}
-
-/// Packs a generation with a 32-bit value (`gen << 32 | value`): slot fields that must be
-/// read together with the lifecycle they belong to.
-pub(crate) const fn tagged(gen: u32, value: u32) -> u64 {
-    (gen as u64) << 32 | value as u64
-}
-
-/// Splits a [`tagged`] value.
-pub(crate) const fn untag(word: u64) -> (u32, u32) {
-    ((word >> 32) as u32, word as u32)
-}
-
-/// A mark for lifecycle `gen` (never 0, the initial value).
-pub(crate) const fn mark(gen: u32) -> u64 {
-    1 << 32 | gen as u64
-}
-
-/// `closed_at` value meaning "this lifecycle has not closed (yet)".
-pub(crate) const NOT_CLOSED: u32 = u32::MAX;
-
-/// One room's slot. Padded so that rooms used by different threads never share a line.
-///
-/// `repr(C)`, in this order: a lifecycle touches the fields up to the first few writer ids
-/// (about 170 bytes, three cache lines), so they come first; the rest of the 64 writer ids
-/// (rarely used) come last. In the default layout they spread over five lines of the
-/// 400-byte slot, and a table large enough that slots go cold between lifecycles paid for
-/// the extra misses (measured with the Python lifecycle benchmark, `python/bench`).
-#[derive(Debug)]
-#[repr(C)]
-pub(crate) struct Slot {
-    pub(crate) word: RoomWord,
-    /// The engine's token for the current lifecycle (gate mode; 0 in pool mode unless set).
-    pub(crate) token: AtomicU64,
-    /// `tagged(generation, page count)`, stored by the opener before `publish` and by
-    /// `grow`: `stats` uses the count only when the tag matches the room word it read.
-    pub(crate) sized: AtomicU64,
-    /// `tagged(generation, milliseconds since the table's epoch)` at `abort`/`finish`,
-    /// `tagged(generation, NOT_CLOSED)` from `open` until then. The closer only replaces
-    /// the exact value its own lifecycle's opener stored, so a late closer of an earlier
-    /// lifecycle can never overwrite a newer one's time.
-    pub(crate) closed_at: AtomicU64,
-    /// `tagged(generation, failed transfers holding the room)`.
-    pub(crate) failed: AtomicU64,
-    /// `mark(gen)` if lifecycle `gen` was rolled back by its own `open`.
-    pub(crate) rolled_back: AtomicU64,
-    /// `mark(gen)` if lifecycle `gen` was quarantined.
-    pub(crate) quarantined: AtomicU64,
-    /// `tagged(gen, reason)` of a release waiting in the release queue.
-    pub(crate) queued: AtomicU64,
-    /// Every lifecycle of a generation below this one has *finished* its release (pages
-    /// and room index handed back). Advanced only forward, by whoever delivers a release;
-    /// `wait_released` and `wait_idle` wait on it.
-    pub(crate) released_below: AtomicU32,
-    /// Serialises `grow` (and `pages_of`) of one room.
-    pub(crate) grow_lock: Mutex<()>,
-    /// Page ids of the current lifecycle (see the module docs for who touches it).
-    pub(crate) pages: UnsafeCell<Vec<u32>>,
-    /// Threads waiting for this room's releases (see `wait.rs`).
-    pub(crate) parking: Parking,
-    /// Last: its hot part (count, masks, first ids) starts it, see [`Writers`].
-    pub(crate) writers: Writers,
-}
-
-/// The bytes at the start of a [`Slot`] that a lifecycle touches: the fields before
-/// `writers`, then the writers' count, masks and first ids (checked by a unit test).
-pub(crate) const SLOT_HOT_BYTES: usize = 192;
-
-// SAFETY: `Slot` is shared between threads; its only non-`Sync` field is the page-list cell,
-// and every access to it follows the hand-off described in the module docs: writes by the
-// room index's claimer before the `Release` publish, appends by `grow` under the grow lock
-// while it holds a hold (so no release can run), and the releaser's exclusive take after it
-// won the releasing RMW, which happens-after all of those; no access until the index is
-// claimed again, which happens-after the release freed it.
-unsafe impl Sync for Slot {}
-
-/// Builds a boxed slice of `n` values without aborting the process when memory runs out.
-pub(crate) fn try_boxed<T>(n: usize, mut f: impl FnMut(usize) -> T) -> Result<Box<[T]>, Error> {
-    let mut v = Vec::new();
-    if v.try_reserve_exact(n).is_err() {
-        return Err(Error::OutOfMemory {
-            bytes: n.saturating_mul(core::mem::size_of::<T>()),
-        });
-    }
-    v.extend((0..n).map(&mut f));
-    Ok(v.into_boxed_slice())
-}
-
-/// The lock-free room table: the whole kvfence core.
-///
-/// See the [crate docs](crate) for the protocol and examples of both modes.
-#[derive(Debug)]
-pub struct RoomTable {
-    pub(crate) config: Config,
-    pub(crate) slots: Box<[Padded<Slot>]>,
-    pub(crate) rooms_free: Bitmap,
-    /// `None` in gate mode.
-    pub(crate) pages_free: Option<Bitmap>,
-    pub(crate) key: HandleKey,
-    pub(crate) fenced: FencedRanks,
-    /// Serialises `fence_rank` scans with `readmit_rank` (see `fence.rs`).
-    pub(crate) fence_lock: Mutex<()>,
-    /// Failed transfers still holding their rooms (see `transfer.rs`): cold path.
-    pub(crate) failed: Mutex<Vec<FailedTransfer>>,
-    /// Token-form transfers (see `transfer.rs`).
-    pub(crate) tokens: Box<[TokenSlot]>,
-    pub(crate) tokens_free: Bitmap,
-    pub(crate) token_key: HandleKey,
-    /// Rooms whose release waits in the release queue.
-    pub(crate) queue: PendingSet,
-    pub(crate) counters: Counters,
-    pub(crate) epoch: Instant,
-}
-
 impl RoomTable {
-    /// A table with every room (and page) free and no rank fenced.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] if a setting is out of range; [`Error::OutOfMemory`] if the
-    /// table's memory cannot be allocated (the process does not abort).
-    ///
-    /// ```
-    /// use kvfence::{Config, Error, RoomTable};
-    /// assert!(RoomTable::new(Config::gate(4096)).is_ok());
-    /// assert!(RoomTable::new(Config::pool(1024, 65536)).is_ok());
-    /// assert!(matches!(RoomTable::new(Config::gate(0)), Err(Error::InvalidConfig { .. })));
-    /// ```
-    pub fn new(config: Config) -> Result<RoomTable, Error> {
-        config.check()?;
-        let key = HandleKey::random();
-        let mut failed = Vec::new();
-        // Failing a transfer registers it here; reserve so that it does not allocate
-        // until more transfers are failed at once than there are rooms.
-        if failed.try_reserve(config.rooms).is_err() {
-            return Err(Error::OutOfMemory {
-                bytes: config.rooms * core::mem::size_of::<FailedTransfer>(),
-            });
-        }
-        Ok(RoomTable {
-            config,
-            slots: try_boxed(config.rooms, |_| {
-                Padded(Slot {
-                    word: RoomWord::new(),
-                    writers: Writers::new(),
-                    pages: UnsafeCell::new(Vec::new()),
-                    grow_lock: Mutex::new(()),
-                    token: AtomicU64::new(0),
-                    sized: AtomicU64::new(0),
-                    closed_at: AtomicU64::new(tagged(0, NOT_CLOSED)),
-                    failed: AtomicU64::new(0),
-                    released_below: AtomicU32::new(0),
-                    rolled_back: AtomicU64::new(0),
-                    quarantined: AtomicU64::new(0),
-                    queued: AtomicU64::new(0),
-                    parking: Parking::new(),
-                })
-            })?,
-            rooms_free: Bitmap::try_full(config.rooms, Kind::Rooms)?,
-            pages_free: match config.pages {
-                Some(pages) => Some(Bitmap::try_full(pages, Kind::Pages)?),
-                None => None,
-            },
-            key,
-            fenced: FencedRanks::new(config.max_fenced)?,
-            fence_lock: Mutex::new(()),
-            failed: Mutex::new(failed),
-            tokens: try_boxed(config.max_tokens, |_| TokenSlot::new())?,
-            tokens_free: Bitmap::try_full(config.max_tokens, Kind::Tokens)?,
-            token_key: key.derive(0x746f_6b65_6e73),
-            queue: PendingSet::new(config.rooms)?,
-            counters: Counters::new(),
-            epoch: Instant::now(),
-        })
-    }
-
-    /// The settings this table was made with.
-    pub fn config(&self) -> Config {
-        self.config
-    }
-
-    /// Whether this is a gate-mode table (the engine owns the pages).
-    pub fn is_gate(&self) -> bool {
-        self.pages_free.is_none()
-    }
-
-    /// The handle of lifecycle `gen` of room `index` of this table.
-    pub(crate) fn handle(&self, index: usize, gen: u32) -> RoomHandle {
-        self.key.handle(index, gen)
-    }
-
-    /// Checks that this table made `handle` (see `handle.rs`) and returns its slot.
-    #[inline]
-    pub(crate) fn slot(&self, handle: RoomHandle) -> Result<&Slot, Error> {
-        if !self.key.made(handle) {
-            return Err(Error::InvalidHandle);
-        }
-        match self.slots.get(handle.index()) {
-            Some(slot) => Ok(&slot.0),
-            None => Err(Error::UnknownRoom {
-                index: handle.index(),
-                rooms: self.slots.len(),
-            }),
-        }
-    }
-
-    /// Counts stale refusals on their way out.
-    pub(crate) fn stale(&self) -> Error {
-        self.counters.bump(Event::Stale);
-        Error::StaleHandle
-    }
-
-    /// Milliseconds since the table's epoch, wrapping modulo 2^32 (the readers subtract
-    /// with `wrapping_sub`), never [`NOT_CLOSED`]: that one value reads 1 ms early. Runs on
-    /// every close, so no 128-bit division (`as_millis() % ..` was one).
-    pub(crate) fn now_ms(&self) -> u32 {
-        let elapsed = self.epoch.elapsed();
-        let ms = elapsed
-            .as_secs()
-            .wrapping_mul(1000)
-            .wrapping_add(u64::from(elapsed.subsec_millis())) as u32;
-        ms.min(NOT_CLOSED - 1)
-    }
-
     /// Pool mode: claims a room and `pages` pages, all or nothing, for a request written by
     /// `writers` (any rank ids but `u32::MAX`, at most [`MAX_WRITERS`](crate::MAX_WRITERS),
     /// no repeats).
@@ -426,8 +173,7 @@ impl RoomTable {
         slot.token.store(token, Ordering::Relaxed);
         slot.sized
             .store(tagged(gen, npages as u32), Ordering::Relaxed);
-        slot.closed_at
-            .store(tagged(gen, NOT_CLOSED), Ordering::Relaxed);
+        slot.closed_ms.store(0, Ordering::Release);
         slot.failed.store(tagged(gen, 0), Ordering::Relaxed);
         let holds = slot.writers.stamp(gen, writers);
         slot.word.publish(gen, holds);
@@ -467,23 +213,16 @@ impl RoomTable {
         let slot = &self.slots[index].0;
         slot.rolled_back.store(mark(gen), Ordering::Relaxed);
         let _ = self.give_up_writers(index, gen);
-        if let Ok(Step::Released(phase)) = slot.word.close(gen, Phase::Aborting) {
-            let _ = self.release(index, gen, phase);
-        }
-    }
-
-    /// Clears every writer still pending in lifecycle `gen` of room `index` (a rollback, a
-    /// quarantine); returns a release one of those clears performed.
-    pub(crate) fn give_up_writers(&self, index: usize, gen: u32) -> Option<Released> {
-        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
-            self.slots[index].0.writers.pending_positions(gen).collect();
-        let mut out = None;
-        for pos in positions {
-            if let Ok(Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
-                out = Some(r);
+        match slot.word.close(gen, Phase::Aborting) {
+            Ok(Closed::Released(reason)) => {
+                let _ = self.release(index, gen, reason);
             }
+            Ok(Closed::Stamp) => {
+                let _ = self.drop_hold(index, gen, Hold::Stamp);
+            }
+            // A forged handle's holder releases it later.
+            Ok(Closed::Held) | Err(_) => {}
         }
-        out
     }
 
     /// Adds pool pages to an owned room (prefill-side source pages grow chunk by chunk).
@@ -492,9 +231,10 @@ impl RoomTable {
     /// # Errors
     /// [`Error::WrongMode`] (gate mode: [`grow_gate`](Self::grow_gate)),
     /// [`Error::RoomClosed`] once the room is closing, [`Error::StaleHandle`],
-    /// [`Error::PoolExhausted`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`] (the
-    /// room's hold counter is full). If the room was closed while it grew and this call's
-    /// hold was its last, the release goes to the release queue.
+    /// [`Error::TooManyPages`] (more than the whole pool, as [`open`](Self::open): refused
+    /// before anything is claimed), [`Error::PoolExhausted`], [`Error::InvalidHandle`]. If
+    /// the room was closed while it grew and this call's hold was its last, the release goes
+    /// to the release queue.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
@@ -512,6 +252,14 @@ impl RoomTable {
         };
         let mut added = Vec::new();
         self.grow_room(handle, |list| {
+            // As `open`: a request larger than the pool is refused before anything is
+            // claimed (`claim_many` would take every free page before finding it cannot).
+            if pages > pool.len() {
+                return Err(Error::TooManyPages {
+                    requested: pages,
+                    capacity: pool.len(),
+                });
+            }
             let before = list.len();
             if !pool.claim_many(pages, list) {
                 return Err(Error::PoolExhausted { requested: pages });
@@ -557,9 +305,15 @@ impl RoomTable {
     ) -> Result<(), Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
-        self.hold(slot, gen)?;
+        // The lock first: one grower at a time holds the room's single grow hold.
+        let _lock = lock(&slot.grow_lock);
+        match slot.word.begin(gen, Hold::Grow) {
+            Ok(()) => {}
+            Err(Refusal::Stale) => return Err(self.stale()),
+            Err(Refusal::Phase(phase)) => return Err(Error::RoomClosed { phase }),
+            Err(Refusal::HoldsFull) => unreachable!("the grow hold is taken under the grow lock"),
+        }
         let out = {
-            let _lock = lock(&slot.grow_lock);
             let out = slot.pages.with_mut(|list| {
                 // SAFETY: we hold the room (no release can take the list) and its grow lock
                 // (no other grower or reader touches it); see the module docs.
@@ -573,7 +327,7 @@ impl RoomTable {
         };
         // The room may have been closed meanwhile: our hold may be its last. A release has
         // no caller to return to here: it goes to the release queue.
-        self.drop_hold_to_queue(handle.index(), gen);
+        self.drop_hold_to_queue(handle.index(), gen, Hold::Grow);
         out.map(|_| ())
     }
 
@@ -581,8 +335,8 @@ impl RoomTable {
     ///
     /// # Errors
     /// [`Error::RoomClosed`] once the room is closing (its pages are then the release's),
-    /// [`Error::StaleHandle`], [`Error::InvalidHandle`], [`Error::TooManyTransfers`]. Like
-    /// `grow`, it holds the room while it copies: a release it ends up performing (the room
+    /// [`Error::StaleHandle`], [`Error::InvalidHandle`]. Like `grow`, it holds the room
+    /// (its grow hold) while it copies: a release it ends up performing (the room
     /// was closed meanwhile) goes to the release queue.
     pub fn pages_of(&self, handle: RoomHandle) -> Result<Vec<u32>, Error> {
         let mut copy = Vec::new();
@@ -591,28 +345,6 @@ impl RoomTable {
             Ok(())
         })?;
         Ok(copy)
-    }
-
-    /// Takes a hold on an owned room of generation `gen`.
-    pub(crate) fn hold(&self, slot: &Slot, gen: u32) -> Result<(), Error> {
-        match slot.word.begin(gen) {
-            Ok(()) => Ok(()),
-            Err(Refusal::Stale) => Err(self.stale()),
-            Err(Refusal::Phase(phase)) => Err(Error::RoomClosed { phase }),
-            Err(Refusal::HoldsFull) => Err(Error::TooManyTransfers),
-        }
-    }
-
-    /// Drops a hold the caller owns; returns the release if it was the last.
-    #[inline]
-    pub(crate) fn drop_hold(&self, index: usize, gen: u32) -> Option<Released> {
-        match self.slots[index].0.word.drop_hold(gen) {
-            Ok(Step::Released(phase)) => self.release(index, gen, phase),
-            Ok(Step::Held) => None,
-            // Unreachable for a real hold: a held room cannot be released under it. (Only
-            // the test-only `kvfence_naive_release` mutation gets here.)
-            Err(_) => None,
-        }
     }
 
     /// Marks writer `rank` done with this room: it will write no more (its transfers
@@ -666,34 +398,6 @@ impl RoomTable {
             }
             out => out,
         }
-    }
-
-    /// Clears writer position `pos` of lifecycle `gen` of room `index`; drops the mask
-    /// word's hold if it empties.
-    pub(crate) fn clear_position(
-        &self,
-        index: usize,
-        gen: u32,
-        pos: usize,
-    ) -> Result<Quiesced, Error> {
-        match self.slots[index].0.writers.clear(gen, pos) {
-            Err(_) => Err(Error::StaleHandle),
-            Ok(Cleared::Duplicate) => Ok(Quiesced::Duplicate),
-            Ok(Cleared::Bit) => Ok(Quiesced::Recorded),
-            Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen) {
-                Ok(Step::Released(phase)) => Ok(match self.release(index, gen, phase) {
-                    Some(released) => Quiesced::Released(released),
-                    None if self.is_rolled_back(index, gen) => Quiesced::Recorded,
-                    None => Quiesced::Queued,
-                }),
-                // The word's hold was ours; with the mutation above it may not be.
-                Ok(Step::Held) | Err(_) => Ok(Quiesced::Recorded),
-            },
-        }
-    }
-
-    fn is_rolled_back(&self, index: usize, gen: u32) -> bool {
-        self.slots[index].0.rolled_back.load(Ordering::Relaxed) == mark(gen)
     }
 
     /// Aborts the request: from now on no transfer can begin on the room, and it is released
@@ -757,21 +461,17 @@ impl RoomTable {
     fn close(&self, handle: RoomHandle, to: Phase) -> Result<Option<Released>, Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
+        let index = handle.index();
         match slot.word.close(gen, to) {
-            Ok(Step::Released(phase)) => Ok(self.release(handle.index(), gen, phase)),
-            Ok(Step::Held) => {
-                // Only this lifecycle's "not closed" value is replaced: a closer that runs
-                // late, after the room was released and reopened, finds the newer opener's
-                // value and changes nothing (an abort of a draining room keeps the time it
-                // began closing).
-                let _ = slot.closed_at.compare_exchange(
-                    tagged(gen, NOT_CLOSED),
-                    tagged(gen, self.now_ms()),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                );
-                Ok(None)
+            Ok(Closed::Released(reason)) => Ok(self.release(index, gen, reason)),
+            Ok(Closed::Stamp) => {
+                // We hold the stamp hold: the room cannot be released (and reopened) before
+                // we drop it, so the time lands in this lifecycle. The drop may release it.
+                self.stamp_closed(index, gen);
+                Ok(self.drop_hold(index, gen, Hold::Stamp))
             }
+            // An abort of a draining room keeps the time it began closing.
+            Ok(Closed::Held) => Ok(None),
             Err(Refusal::Stale) => Err(self.stale()),
             Err(Refusal::Phase(Phase::Aborting)) => Err(Error::AlreadyAborted),
             Err(Refusal::Phase(_)) => Err(Error::AlreadyFinished),
@@ -794,49 +494,10 @@ impl RoomTable {
     }
 }
 
-/// The reason a release of a room closed to `phase` reports.
-pub(crate) fn reason_of(phase: Phase, quarantined: bool) -> Reason {
-    match (quarantined, phase) {
-        (true, _) => Reason::Quarantined,
-        (false, Phase::Aborting) => Reason::Aborted,
-        (false, _) => Reason::Finished,
-    }
-}
-
-/// Locks a mutex whose data a panic cannot leave inconsistent (a `push`, a `retain`, or no
-/// data at all), so poisoning is ignored.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slot_fits_its_padding() {
-        // Four lines: the writer list is inline (64 ids).
-        assert!(
-            core::mem::size_of::<Padded<Slot>>() <= 512,
-            "{}",
-            core::mem::size_of::<Slot>()
-        );
-    }
-
-    /// What `open` prefetches for the next room covers what a lifecycle of up to 8 writers
-    /// touches: every field before the writer list, and the list's count, masks and first
-    /// 8 ids (`repr(C)` keeps that order).
-    #[test]
-    fn slot_hot_bytes_cover_a_lifecycle() {
-        let table = RoomTable::new(Config::gate(1)).unwrap();
-        let slot = &table.slots[0].0;
-        let writers = &slot.writers as *const Writers as usize - slot as *const Slot as usize;
-        let hot = writers + slot.writers.bytes_through(8);
-        assert!(hot <= SLOT_HOT_BYTES, "hot part is {hot} bytes");
-        assert!(SLOT_HOT_BYTES <= core::mem::size_of::<Slot>());
-    }
+    use crate::Config;
 
     /// `open` prefetches the slot after its own for the next `open`: on one thread, the
     /// next `open` claims it, transfers in between or not (tokens keep their own claim

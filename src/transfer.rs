@@ -22,7 +22,15 @@
 //! entry of a rank or a room exactly once. A failure whose peer is fenced already, or whose
 //! room is quarantined already, drops its hold at once (both are checked under the same
 //! lock that fence and quarantine sweep under, so no entry is registered after the sweep
-//! that should have found it).
+//! that should have found it; the fenced set's membership read is linearizable, see
+//! `fence.rs`).
+//!
+//! **Allocation.** One entry per (room lifecycle, peer) with a count: a room's failed
+//! transfers to one peer, however many, share one entry. The table reserves one entry per
+//! room, so failing a transfer allocates nothing as long as no room has failed transfers to
+//! more than one peer at a time (the usual case: a room's transfers go to its request's
+//! peer). Beyond that the registry grows, amortized, on this cold path; fencing and
+//! quarantine allocate the list of entries they take.
 //!
 //! **Tokens.** A token names a slot of a fixed table of `max_tokens` transfer slots
 //! (claimed from a bitmap like rooms), and carries the slot's generation and a keyed check
@@ -34,9 +42,9 @@
 use crate::error::Error;
 use crate::handle::RoomHandle;
 use crate::release::Released;
-use crate::sync::{AtomicU64, Ordering};
-use crate::table::{lock, mark, tagged, untag};
-use crate::RoomTable;
+use crate::room_word::Hold;
+use crate::state::{lock, tagged, untag, FailedTransfer, RoomTable, ACTIVE};
+use crate::sync::Ordering;
 use std::sync::Arc;
 
 /// How a transfer ended.
@@ -52,12 +60,13 @@ pub enum Outcome {
     Failed,
 }
 
-/// A failed transfer still holding its room.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FailedTransfer {
-    pub(crate) index: u32,
-    pub(crate) gen: u32,
-    pub(crate) peer: Option<u32>,
+/// Refuses `u32::MAX` as a peer: it is not a rank id (see `writers.rs`), so no fence could
+/// ever end a failed transfer to it.
+fn check_peer(peer: Option<u32>) -> Result<(), Error> {
+    match peer {
+        Some(rank) if rank == u32::MAX => Err(Error::InvalidRank { rank }),
+        _ => Ok(()),
+    }
 }
 
 impl RoomTable {
@@ -100,13 +109,15 @@ impl RoomTable {
     /// whose transport carries it): if it fails, fencing `peer` ends it.
     ///
     /// # Errors
-    /// As [`begin_transfer`](Self::begin_transfer).
+    /// As [`begin_transfer`](Self::begin_transfer), and [`Error::InvalidRank`] for
+    /// `u32::MAX` (not a rank id).
     #[inline]
     pub fn begin_transfer_to(
         &self,
         handle: RoomHandle,
         peer: u32,
     ) -> Result<TransferGuard<'_>, Error> {
+        check_peer(Some(peer))?;
         self.begin_hold(handle)?;
         Ok(TransferGuard {
             table: self,
@@ -119,7 +130,7 @@ impl RoomTable {
     /// table (`'static`: move it into a task, a callback, another thread).
     ///
     /// # Errors
-    /// As [`begin_transfer`](Self::begin_transfer).
+    /// As [`begin_transfer_to`](Self::begin_transfer_to).
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};
@@ -136,6 +147,7 @@ impl RoomTable {
         handle: RoomHandle,
         peer: Option<u32>,
     ) -> Result<OwnedTransferGuard, Error> {
+        check_peer(peer)?;
         this.begin_hold(handle)?;
         Ok(OwnedTransferGuard {
             table: Arc::clone(this),
@@ -162,10 +174,10 @@ impl RoomTable {
         let (index, gen) = (handle.index(), handle.generation());
         match outcome {
             Outcome::Completed if queue => {
-                self.drop_hold_to_queue(index, gen);
+                self.drop_hold_to_queue(index, gen, Hold::Transfer);
                 None
             }
-            Outcome::Completed => self.drop_hold(index, gen),
+            Outcome::Completed => self.drop_hold(index, gen, Hold::Transfer),
             // MUTATION (test-only): a failed transfer counted as drained.
             Outcome::Failed if cfg!(kvfence_failed_counts_as_drained) => {
                 self.end_hold(handle, peer, Outcome::Completed, queue)
@@ -173,27 +185,42 @@ impl RoomTable {
             Outcome::Failed => {
                 let mut failed = lock(&self.failed);
                 let slot = &self.slots[index].0;
-                let quarantined = slot.quarantined.load(Ordering::Relaxed) == mark(gen);
+                // Our hold keeps the word in our lifecycle: its quarantine bit is ours.
+                let quarantined = slot.word.load(Ordering::Acquire).quarantined();
                 let fenced = peer.is_some_and(|p| self.fenced.contains(p));
                 if quarantined || fenced {
                     // Nothing of it can land any more (or nobody will ever reuse the pages).
                     drop(failed);
                     return if queue {
-                        self.drop_hold_to_queue(index, gen);
+                        self.drop_hold_to_queue(index, gen, Hold::Transfer);
                         None
                     } else {
-                        self.drop_hold(index, gen)
+                        self.drop_hold(index, gen, Hold::Transfer)
                     };
                 }
-                failed.push(FailedTransfer {
-                    index: index as u32,
-                    gen,
-                    peer,
-                });
                 let (tag, count) = untag(slot.failed.load(Ordering::Relaxed));
                 let count = if tag == gen { count + 1 } else { 1 };
+                // The room's entry for this peer, if it has failures already (only then is
+                // the registry searched).
+                let entry = if count > 1 {
+                    failed
+                        .iter_mut()
+                        .rev()
+                        .find(|f| f.index == index as u32 && f.gen == gen && f.peer == peer)
+                } else {
+                    None
+                };
+                match entry {
+                    Some(entry) => entry.count += 1,
+                    None => failed.push(FailedTransfer {
+                        index: index as u32,
+                        gen,
+                        peer,
+                        count: 1,
+                    }),
+                }
                 slot.failed.store(tagged(gen, count), Ordering::Relaxed);
-                self.counters.bump(crate::stats::Event::FailedTransfer);
+                self.counters.bump(crate::counters::Event::FailedTransfer);
                 None
             }
         }
@@ -218,8 +245,10 @@ impl RoomTable {
             let slot = &self.slots[f.index as usize].0;
             let (tag, count) = untag(slot.failed.load(Ordering::Relaxed));
             if tag == f.gen {
-                slot.failed
-                    .store(tagged(f.gen, count.saturating_sub(1)), Ordering::Relaxed);
+                slot.failed.store(
+                    tagged(f.gen, count.saturating_sub(f.count)),
+                    Ordering::Relaxed,
+                );
             }
         }
         taken
@@ -229,7 +258,7 @@ impl RoomTable {
     /// `peer`: the rank whose transport carries it (see [`Outcome::Failed`]).
     ///
     /// # Errors
-    /// As [`begin_transfer`](Self::begin_transfer), and [`Error::TooManyTokens`].
+    /// As [`begin_transfer_to`](Self::begin_transfer_to), and [`Error::TooManyTokens`].
     ///
     /// ```
     /// use kvfence::{Config, Error, Outcome, RoomTable, TransferToken};
@@ -243,6 +272,7 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn begin(&self, handle: RoomHandle, peer: Option<u32>) -> Result<TransferToken, Error> {
+        check_peer(peer)?;
         let slot = self.slot(handle)?;
         let t = self.tokens_free.claim_one().ok_or(Error::TooManyTokens)?;
         if let Err(e) = self.hold(slot, handle.generation()) {
@@ -297,29 +327,6 @@ impl RoomTable {
         self.tokens_free.free_one(t.index());
         let handle = self.handle(index as usize, room_gen);
         Ok(self.end_hold(handle, peer, outcome, false))
-    }
-}
-
-const ACTIVE: u32 = 1;
-
-/// One token-form transfer slot.
-#[derive(Debug)]
-pub(crate) struct TokenSlot {
-    /// `tagged(generation, ACTIVE or 0)`.
-    state: AtomicU64,
-    /// `tagged(room index, room generation)`.
-    room: AtomicU64,
-    /// `1 << 32 | peer`, or 0 for no peer.
-    peer: AtomicU64,
-}
-
-impl TokenSlot {
-    pub(crate) fn new() -> TokenSlot {
-        TokenSlot {
-            state: AtomicU64::new(0),
-            room: AtomicU64::new(0),
-            peer: AtomicU64::new(0),
-        }
     }
 }
 

@@ -22,6 +22,22 @@
 //! waiter's check sees the release and it does not sleep. Spurious wake-ups are harmless:
 //! every waiter re-checks its condition under the lock.
 //!
+//! The releaser's signal is either `released_below` (a delivered release) or, for a
+//! release that goes to the release queue, the slot's `queued` tag (stored before the
+//! queue push, which is followed by the same `notify`): the argument is the same for both.
+//!
+//! **What a wait waits for** (issue 18: before, a wait with the release queue on returned
+//! only once someone had drained the release, so a scheduler thread that waits and then
+//! drains never woke). A room's release is *decided* by the RMW that takes it to `FREE`;
+//! nothing after that can stop it. A wait ends once the release is decided **and** either
+//! delivered (the pages and room index are back; the delivering call returned or will
+//! return the [`Released`](crate::Released)) or waiting in the release queue (then
+//! [`RoomTable::drain_released`] delivers it: the waiter's own thread may call it next).
+//! With direct delivery (`release_queue(false)`) nearly every release is delivered by the
+//! call that decides it, so a finished wait means the pages are back; the exceptions are
+//! the releases that have no caller to return to (a guard dropped while unwinding, a
+//! `grow` whose hold was the last), which go to the queue in every mode.
+//!
 //! `wait_idle` waits room by room: it finds a busy room, parks on it until it is idle,
 //! and starts over until one pass finds every room idle.
 //!
@@ -29,69 +45,25 @@
 //! loom models check this exact code. Timeouts are real on std; under loom a wait never
 //! times out (loom has no clock), which is the stricter case for lost wake-ups.
 
+use crate::error::Error;
+use crate::handle::RoomHandle;
 use crate::room_word::Phase;
-use crate::sync::{cond_wait, fence, AtomicU32, Condvar, Mutex, Ordering};
-use crate::table::{lock, Slot};
-use crate::{Error, RoomHandle, RoomTable};
+use crate::state::{untag, RoomTable, Slot};
+use crate::sync::Ordering;
 use std::time::{Duration, Instant};
 
-/// One room's waiters.
-#[derive(Debug)]
-pub(crate) struct Parking {
-    waiters: AtomicU32,
-    lock: Mutex<()>,
-    cond: Condvar,
-}
-
-impl Parking {
-    pub(crate) fn new() -> Parking {
-        Parking {
-            waiters: AtomicU32::new(0),
-            lock: Mutex::new(()),
-            cond: Condvar::new(),
-        }
-    }
-
-    /// Wakes this room's waiters, if it has any. Called by a releaser after it advanced
-    /// `released_below`.
-    #[inline]
-    pub(crate) fn notify(&self) {
-        fence(Ordering::SeqCst);
-        if self.waiters.load(Ordering::Relaxed) != 0 {
-            let _guard = lock(&self.lock);
-            self.cond.notify_all();
-        }
-    }
-
-    /// Parks until `done()` or the deadline. Returns whether `done()` held.
-    fn wait_until(&self, done: impl Fn() -> bool, deadline: Option<Instant>) -> bool {
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-        let mut guard = lock(&self.lock);
-        let ok = loop {
-            if done() {
-                break true;
-            }
-            let timeout = match deadline {
-                None => None,
-                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => Some(left),
-                    _ => break false,
-                },
-            };
-            guard = cond_wait(&self.cond, guard, timeout);
-        };
-        drop(guard);
-        self.waiters.fetch_sub(1, Ordering::Relaxed);
-        ok
-    }
-}
-
-/// Whether a room is idle: `FREE`, and no release of it still returning pages.
+/// Whether a room is idle: `FREE`, and its last release delivered or waiting in the
+/// release queue (not mid-way through being handed back).
 fn idle(slot: &Slot) -> bool {
     let released_below = slot.released_below.load(Ordering::Acquire);
     let state = slot.word.load(Ordering::Acquire);
-    state.phase() == Phase::Free && state.gen() == released_below
+    state.phase() == Phase::Free
+        && (state.gen() == released_below || queued_gen(slot) == state.gen().wrapping_sub(1))
+}
+
+/// The generation whose release was last queued in this slot.
+fn queued_gen(slot: &Slot) -> u32 {
+    untag(slot.queued.load(Ordering::Acquire)).0
 }
 
 /// `Some(now + timeout)`, or `None` (wait forever) if that is beyond what `Instant` holds.
@@ -100,7 +72,7 @@ fn deadline(timeout: Duration) -> Option<Instant> {
 }
 
 impl RoomTable {
-    /// Whether `handle`'s lifecycle is over and its pages and index are back.
+    /// Whether `handle`'s lifecycle's release is decided and delivered or queued.
     fn released(slot: &Slot, gen: u32) -> bool {
         let released_below = slot.released_below.load(Ordering::Acquire);
         let state = slot.word.load(Ordering::Acquire);
@@ -109,16 +81,23 @@ impl RoomTable {
         match state.gen().wrapping_sub(gen) as i32 {
             // The handle's lifecycle: live, or (FREE) it never began.
             0 => state.phase() == Phase::Free,
-            // Over: wait until its release has handed the pages and index back.
-            behind if behind > 0 => (released_below.wrapping_sub(gen) as i32) > 0,
+            // Over: wait until its release has handed the pages and index back, or is in
+            // the release queue.
+            behind if behind > 0 => {
+                (released_below.wrapping_sub(gen) as i32) > 0 || queued_gen(slot) == gen
+            }
             // Ahead of the room (never issued): nothing to wait for.
             _ => true,
         }
     }
 
-    /// Blocks until the handle's lifecycle is released and its pages and room index are
-    /// back in the pool (returns at once if they already are), so an `open` right after
-    /// it can use them. Parks on the room's own condition variable; no polling.
+    /// Blocks until the handle's lifecycle's release is decided, and delivered or queued
+    /// (returns at once if it already is). With direct delivery the pages and room index
+    /// are then back (an `open` right after can use them); a release that went to the
+    /// release queue (every release of a [`Config::release_queue`](crate::Config) table)
+    /// is delivered by the next [`drain_released`](Self::drain_released), which the
+    /// waiting thread may call itself: wait, then drain. See `wait.rs` for the exact rule.
+    /// Parks on the room's own condition variable; no polling.
     ///
     /// # Errors
     /// [`Error::InvalidHandle`], [`Error::UnknownRoom`].
@@ -184,9 +163,10 @@ impl RoomTable {
         }
     }
 
-    /// Blocks until no room is owned or closing and every release has returned its pages
-    /// (shutdown drain: abort or finish every room, then wait here for the writers and
-    /// transfers to drain). A room whose `open` is mid-way does not count.
+    /// Blocks until no room is owned or closing, every release having been delivered or
+    /// put in the release queue (shutdown drain: abort or finish every room, wait here for
+    /// the writers and transfers to drain, then [`drain_released`](Self::drain_released)).
+    /// A room whose `open` is mid-way does not count.
     ///
     /// ```
     /// use kvfence::{Config, RoomTable};

@@ -278,6 +278,7 @@ impl Writers {
     }
 
     /// Mask words of lifecycle `gen` that still own a hold.
+    #[cfg(test)]
     pub(crate) fn pending_words(&self, gen: u32) -> u32 {
         self.masks
             .iter()

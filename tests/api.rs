@@ -428,11 +428,12 @@ fn a_release_caused_by_a_dropped_guard_goes_to_the_release_queue() {
     assert_eq!(t.queued_releases(), 1);
     let s = t.stats();
     assert_eq!((s.rooms.queued, s.pages.queued, s.pages.free), (1, 2, 6));
-    // Queued: not handed back until drained.
+    // Queued: decided, so a wait for it ends (issue 18 item 9); handed back when drained.
     assert_eq!(
         t.wait_released_timeout(h, Duration::from_millis(10)),
-        Ok(false)
+        Ok(true)
     );
+    assert_eq!(t.stats().pages.free, 6);
     let r = t.pop_released().expect("queued");
     assert_eq!(
         (r.handle, &r.pages, r.reason),
@@ -1256,22 +1257,20 @@ fn gate_mode_with_release_queue_hands_back_each_release_once_when_drained() {
     let s = t.stats();
     assert_eq!((s.rooms.queued, s.pages.queued, s.rooms.free), (2, 3, 0));
     assert_eq!(t.phase(a).unwrap(), Phase::Free);
-    // Not yet handed back: the indices stay claimed, waiters keep waiting.
+    // Not yet handed back: the indices stay claimed; but the releases are decided, so
+    // waits for them end at once (the waiter then drains: issue 18 item 9).
     assert_eq!(
         t.open_gate(&[], 3, vec![]).err(),
         Some(Error::RoomTableFull)
     );
     assert_eq!(
         t.wait_released_timeout(a, Duration::from_millis(10)),
-        Ok(false)
+        Ok(true)
     );
-    std::thread::scope(|s| {
-        let waiter = s.spawn(|| t.wait_released(b));
-        std::thread::sleep(Duration::from_millis(10));
-        assert!(!waiter.is_finished());
+    t.wait_released(b).unwrap();
+    std::thread::scope(|_| {
         let mut out = Vec::new();
         assert_eq!(t.drain_released(&mut out), 2);
-        waiter.join().unwrap().unwrap();
         out.sort_by_key(|r| r.token);
         assert_eq!(
             out.iter()
@@ -2093,4 +2092,48 @@ fn default_config_is_valid_for_every_room_count() {
         );
         assert_eq!(Config::pool(rooms, 1).max_tokens, c.max_tokens);
     }
+}
+
+/// `grow` by more than the whole pool is refused before anything is claimed (as `open`):
+/// `TooManyPages`, and no other thread ever sees the pool emptied by the refused call (it
+/// used to claim every free page, then give them back with `PoolExhausted`).
+#[test]
+fn grow_larger_than_the_pool_claims_nothing() {
+    const PAGES: usize = 1 << 16;
+    let t = pool(4, PAGES);
+    let h = t.open(&[], 1).unwrap().handle;
+    for n in [PAGES + 1, usize::MAX] {
+        assert_eq!(
+            t.grow(h, n).err(),
+            Some(Error::TooManyPages {
+                requested: n,
+                capacity: PAGES
+            })
+        );
+    }
+    let stop = AtomicBool::new(false);
+    let (reads, seen_low, grows) = std::thread::scope(|s| {
+        let grower = s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(t.grow(h, PAGES + 1).is_err());
+                n += 1;
+            }
+            n
+        });
+        let (mut reads, mut seen_low) = (0u64, 0u64);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline {
+            reads += 1;
+            if t.stats().pages.free != PAGES - 1 {
+                seen_low += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        (reads, seen_low, grower.join().unwrap())
+    });
+    println!("{reads} stats() during {grows} refused grows: {seen_low} saw pages claimed");
+    assert!(reads > 0 && grows > 0);
+    assert_eq!(seen_low, 0);
+    assert_eq!(t.pages_of(h).unwrap().len(), 1);
 }

@@ -153,3 +153,34 @@ fn the_probe_sees_allocations() {
     assert!(n >= 1);
     drop(v);
 }
+
+/// Issue 18, item 7: failures per room are unbounded, and the registry used to reserve one
+/// entry per room and push one per failure (`fail()` #4, 8, 16, 32 reallocated on a 4-room
+/// table). Now a room's failures to one peer share one entry: any number of them allocates
+/// nothing. (Fails on f69b486: 4 reallocations.)
+#[test]
+fn many_failures_of_one_room_do_not_allocate() {
+    let table = RoomTable::new(Config::gate(4).max_tokens(64)).unwrap();
+    let h = table.open_gate(&[], 1, vec![1, 2]).unwrap();
+    let tokens: Vec<_> = (0..64).map(|_| table.begin(h, Some(3)).unwrap()).collect();
+    let mut guards = Vec::with_capacity(64);
+    for _ in 0..64 {
+        guards.push(table.begin_transfer_to(h, 3).unwrap());
+    }
+    let (n, ()) = allocations(|| {
+        for t in &tokens {
+            assert!(table.end(*t, Outcome::Failed).unwrap().is_none());
+        }
+        for g in guards.drain(..) {
+            assert!(g.fail().is_none());
+        }
+    });
+    assert_eq!(
+        n, 0,
+        "failing 128 transfers of one room allocated {n} times"
+    );
+    assert_eq!(table.room_status(h).unwrap().failed, 128);
+    let _ = table.abort(h).unwrap();
+    let fenced = table.fence_rank(3).unwrap();
+    assert_eq!((fenced.failed_ended, fenced.released.len()), (128, 1));
+}

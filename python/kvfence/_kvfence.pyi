@@ -74,7 +74,12 @@ class Transfer:
 
 @final
 class RoomTable:
-    """The kvfence room table (see the module docs and ``help(RoomTable)``)."""
+    """The kvfence room table (see the module docs and ``help(RoomTable)``).
+
+    Every id (rank, page id, token, handle) and count is an ``int`` but never a ``bool``,
+    and every sequence of ids is an iterable but never a ``str``, ``bytes`` or
+    ``bytearray``: those raise ``TypeError`` (the types below cannot say so: ``bool`` is an
+    ``int`` and ``bytes`` an ``Iterable[int]``)."""
 
     def __new__(
         cls,
@@ -106,12 +111,13 @@ class RoomTable:
         token: int = 0,
     ) -> int:
         """Opens a room; returns its handle. Gate mode: ``pages`` is the engine's page
-        ids; pool mode: a count."""
+        ids; pool mode: a count (larger than the pool: ``TooManyPages``)."""
     def pages_of(self, h: int) -> List[int]:
         """The page ids of an owned room."""
     def grow(self, h: int, pages: Union[Iterable[int], int]) -> Optional[List[int]]:
-        """Pool mode: adds ``pages`` (a count) and returns the new ids. Gate mode: adds
-        the engine's page ids and returns ``None``."""
+        """Pool mode: adds ``pages`` (a count; larger than the pool: ``TooManyPages``,
+        before anything is claimed) and returns the new ids. Gate mode: adds the engine's
+        page ids and returns ``None``."""
     def begin_transfer(self, h: int, peer: Optional[int] = None) -> Transfer:
         """Begins a transfer on the room's pages (refused once it is closing)."""
     def abort(self, h: int) -> List[int]:
@@ -128,9 +134,11 @@ class RoomTable:
     def quarantine(self, h: int) -> None:
         """Ends a room that can never be proven drained; its pages are never reused."""
     def drain_released(self) -> List[Released]:
-        """Every undelivered release, each exactly once."""
+        """Every undelivered release, each exactly once. If it raises ``MemoryError`` it
+        delivered none and lost none: the next call returns them."""
     def pop_released(self) -> Optional[Released]:
-        """One undelivered release, or ``None``."""
+        """One undelivered release, or ``None``. If it raises ``MemoryError`` the release
+        stays for the next call."""
     def queued_releases(self) -> int:
         """How many releases wait for ``drain_released()``."""
     def phase(self, h: int) -> _PhaseName:

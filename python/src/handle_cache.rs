@@ -30,8 +30,9 @@
 //! hold the GIL one at a time ([`SlotCell`]). On a free-threaded interpreter each slot has
 //! a `Mutex` instead (uncontended unless two threads read handles of the same slot).
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyInt;
+use pyo3::types::{PyBool, PyInt};
 
 use kvfence::RoomHandle;
 
@@ -128,14 +129,21 @@ impl HandleCache {
         int
     }
 
-    /// Reads a handle: any int; one outside `0..2**128` is `OverflowError` (the caller
-    /// maps it to `InvalidHandle`).
+    /// Reads a handle: any int but a bool (`TypeError`: a bool is never a handle); one
+    /// outside `range(2**128)` is `OverflowError` (the caller maps it to `InvalidHandle`).
+    ///
+    /// Only an exact int can hit (a bool is not one, nor is any other subclass), so the
+    /// cache never sees a bool; the exact path refuses it before converting.
     #[inline]
     pub fn read(&self, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
         if let Ok(int) = h.cast_exact::<PyInt>() {
             if let Some(wire) = self.hit(int) {
                 return Ok(RoomHandle::from_wire(wire));
             }
+        } else if h.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(
+                "a room handle must be an int, not bool",
+            ));
         }
         h.extract::<u128>().map(RoomHandle::from_wire)
     }

@@ -3,7 +3,11 @@
 //! A thin layer over the Rust core: every method converts its arguments, calls one
 //! [`RoomTable`] method and converts the result. It adds no protocol logic; the only state
 //! it keeps besides the table is the list of releases that a call returned directly (with
-//! `release_queue=False`), so that every release reaches `drain_released()` exactly once.
+//! `release_queue=False`) or that a drain took but could not hand to Python (an allocation
+//! failed), so that every release reaches `drain_released()` exactly once.
+//!
+//! Arguments: ids and counts are ints but never bools (`TypeError`), sequences of ids are
+//! iterables but never a str, bytes or bytearray (`TypeError`). Reprs are Python syntax.
 //!
 //! Threading: the classes are frozen and `Sync` (the table is lock-free), so every method
 //! may be called from any Python thread. Calls that can block or scan (the waits,
@@ -19,9 +23,11 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyInt, PyList, PyModule, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyInt, PyList, PyModule, PyString, PyTuple,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 mod handle_cache;
@@ -104,27 +110,42 @@ impl<T> IntoPy<T> for Result<T, Error> {
 // Argument conversion
 // ---------------------------------------------------------------------------------------
 
-/// A rank id: an int in `0..2**32` (`2**32 - 1` is refused by the core).
+/// `TypeError` if `v` is a bool: `True` is an int subclass, but never an id or a count
+/// (`quiesce(h, True)` would ACK rank 1). Only the general paths call it: the fast paths
+/// read exact ints only, and a bool is not one.
+#[inline]
+fn no_bool(v: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if v.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int, not bool"
+        )));
+    }
+    Ok(())
+}
+
+/// A rank id: an int in `range(2**32)`, not a bool (`2**32 - 1` is refused by the core).
 #[inline]
 fn rank(r: &Bound<'_, PyAny>) -> PyResult<u32> {
     // SAFETY: `r` is live and we are attached (the `Bound` proves both).
     if let Some(rank) = unsafe { exact_u32(r.as_ptr()) } {
         return Ok(rank);
     }
+    no_bool(r, "a rank id")?;
     match r.extract::<u32>() {
         Ok(rank) => Ok(rank),
         Err(e) if e.is_instance_of::<PyOverflowError>(r.py()) => Err(raise(
             r.py(),
             "InvalidRank",
-            format!("{r} is not a rank id: ranks are ints in 0..=4294967294"),
+            format!("{r} is not a rank id: ranks are ints in range(2**32 - 1)"),
             Attr::None,
         )),
         Err(e) => Err(e),
     }
 }
 
-/// The value of `item` if it is an exact int in `0..2**32`, read without running any
-/// Python code (`PyLong_AsSsize_t` of an exact int calls no `__index__`).
+/// The value of `item` if it is an exact int in `range(2**32)`, read without running any
+/// Python code (`PyLong_AsSsize_t` of an exact int calls no `__index__`). A bool is not an
+/// exact int: it always takes the caller's general path, which refuses it.
 ///
 /// # Safety
 ///
@@ -181,13 +202,15 @@ fn list_exact_u32(list: &Bound<'_, PyList>, i: usize) -> PyResult<Option<u32>> {
     Ok(unsafe { exact_u32(item.as_ptr()) })
 }
 
-/// The items of `items` (any iterable) as `u32`s: `f` converts (or refuses) each one. Fast
-/// path for the list or tuple an engine passes: exact ints in `0..2**32` are read in place
-/// (no iterator, no reference counting), into a vector of the right size: about 3x faster
-/// than iterating on 16 items. Anything else goes through `f`, which gives the error.
+/// The items of `items` (any iterable but a str, bytes or bytearray: `what` names it in the
+/// error) as `u32`s: `f` converts (or refuses) each one. Fast path for the list or tuple an
+/// engine passes: exact ints in `range(2**32)` are read in place (no iterator, no reference
+/// counting), into a vector of the right size: about 3x faster than iterating on 16 items.
+/// Anything else goes through `f`, which gives the error.
 #[inline]
 fn collect_u32(
     items: &Bound<'_, PyAny>,
+    what: &str,
     mut f: impl FnMut(&Bound<'_, PyAny>) -> PyResult<u32>,
 ) -> PyResult<Vec<u32>> {
     if let Ok(list) = items.cast::<PyList>() {
@@ -219,6 +242,17 @@ fn collect_u32(
         }
         Ok(out)
     } else {
+        // Iterables of ints, or of one-char strs, that are never meant as ids: refused
+        // whole, as `str.join` refuses bytes (`b"\x01"` is not page 1).
+        if items.is_instance_of::<PyBytes>()
+            || items.is_instance_of::<PyByteArray>()
+            || items.is_instance_of::<PyString>()
+        {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be an iterable of ints, not {}",
+                items.get_type().name()?
+            )));
+        }
         let mut out = Vec::new();
         for item in items.try_iter()? {
             out.push(f(&item?)?);
@@ -229,27 +263,31 @@ fn collect_u32(
 
 /// Writer ranks: any iterable of rank ids.
 fn ranks(writers: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
-    collect_u32(writers, rank)
+    collect_u32(writers, "writers", rank)
 }
 
-/// The engine's page ids: any iterable of ints in `0..2**32`.
+/// The engine's page ids: any iterable of ints in `range(2**32)` (not bools).
 fn page_ids(pages: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if pages.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(
             "gate mode: pages is a sequence of the engine's page ids (or None), not a count",
         ));
     }
-    collect_u32(pages, |p| match p.extract::<u32>() {
-        Ok(id) => Ok(id),
-        Err(e) if e.is_instance_of::<PyOverflowError>(p.py()) => Err(PyValueError::new_err(
-            format!("page id {p} is out of range: page ids are ints in 0..2**32"),
-        )),
-        Err(e) => Err(e),
+    collect_u32(pages, "pages", |p| {
+        no_bool(p, "a page id")?;
+        match p.extract::<u32>() {
+            Ok(id) => Ok(id),
+            Err(e) if e.is_instance_of::<PyOverflowError>(p.py()) => Err(PyValueError::new_err(
+                format!("page id {p} is out of range: page ids are ints in range(2**32)"),
+            )),
+            Err(e) => Err(e),
+        }
     })
 }
 
-/// A non-negative count (`what` names it in the error).
+/// A non-negative count, not a bool (`what` names it in the error).
 fn count(n: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    no_bool(n, what)?;
     if !n.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
             "{what} must be an int, not {}",
@@ -265,8 +303,16 @@ fn count(n: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     })
 }
 
-/// A timeout in seconds: `None` or infinity waits for ever; negative or NaN is refused.
-fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+/// A timeout in seconds: `None` or infinity waits for ever; negative or NaN is refused, and
+/// so is a bool (`wait_released(h, True)` is a slip, not one second).
+fn timeout_arg(timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
+    let timeout = match timeout {
+        None => None,
+        Some(t) => {
+            no_bool(t, "timeout")?;
+            Some(t.extract::<f64>()?)
+        }
+    };
     match timeout {
         None => Ok(None),
         Some(s) if s.is_nan() || s < 0.0 => Err(PyValueError::new_err(
@@ -306,6 +352,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A bool as Python writes it (reprs are Python syntax).
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
 fn phase_str(phase: Phase) -> &'static str {
     match phase {
         Phase::Free => "free",
@@ -327,9 +382,13 @@ fn reason_str(reason: Reason) -> &'static str {
 // Classes
 // ---------------------------------------------------------------------------------------
 
-/// The table and the releases calls returned directly (only with `release_queue=False`).
+/// The table and the releases it handed to the binding that Python has not received yet.
 struct Inner {
     table: RoomTable,
+    /// Releases for the next `drain_released()`: the ones calls returned directly (only
+    /// with `release_queue=False`), and the ones a drain took but could not hand to Python
+    /// (an allocation failed). Never locked while Python code may run (an allocation can
+    /// run the garbage collector, and a collected `Transfer` calls `keep`).
     direct: Mutex<Vec<Released>>,
     /// The ints of handles `open` returned, to read them back fast.
     handles: HandleCache,
@@ -342,6 +401,54 @@ impl Inner {
         if let Some(r) = released {
             lock(&self.direct).push(r);
         }
+    }
+
+    /// Every release waiting for Python: the binding's own, then the table's queue (one
+    /// pass over it).
+    fn take_all(&self) -> Vec<Released> {
+        let mut taken = std::mem::take(&mut *lock(&self.direct));
+        taken.reserve(self.table.queued_releases());
+        self.table.drain_released(&mut taken);
+        taken
+    }
+
+    /// Gives back releases taken but not handed to Python: the next drain returns them.
+    fn put_back(&self, mut releases: Vec<Released>) {
+        let mut direct = lock(&self.direct);
+        releases.append(&mut direct);
+        *direct = releases;
+    }
+
+    /// The `Released` objects of `taken`, in a new list; all or nothing: if an allocation
+    /// fails, `taken` is untouched (the caller puts it back).
+    ///
+    /// Every fallible step (each object, then the list) comes first, while the objects are
+    /// still empty shells and `taken` still owns every release; then each release's pages
+    /// move into its object, which cannot fail.
+    fn to_list<'py>(py: Python<'py>, taken: &mut Vec<Released>) -> PyResult<Bound<'py, PyList>> {
+        let len = ffi::Py_ssize_t::try_from(taken.len())
+            .map_err(|_| PyOverflowError::new_err("too many releases for one list"))?;
+        let mut shells = Vec::with_capacity(taken.len());
+        for r in taken.iter() {
+            shells.push(Bound::new(py, PyReleased::shell(r))?);
+        }
+        // The list last: from here nothing allocates in Python (no garbage collection can
+        // run), so no Python code ever sees its slots before they are filled.
+        // SAFETY: we are attached; `PyList_New` returns a new reference or null with an
+        // exception set, which `from_owned_ptr_or_err` turns into `Err`. (Not
+        // `PyList::new`, which panics when the list cannot be allocated.)
+        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))? };
+        // Nothing below can fail: the releases move into their objects, the objects into
+        // the list's slots.
+        for (i, (shell, r)) in shells.into_iter().zip(taken.drain(..)).enumerate() {
+            shell.get().fill(r);
+            // SAFETY: `list` is a new list of `len` slots, all still empty, and `i < len`:
+            // `PyList_SetItem` stores the object and steals our reference (it cannot fail
+            // for a list and an index in range).
+            unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, shell.into_ptr()) };
+        }
+        // SAFETY: `PyList_New` made a list.
+        Ok(unsafe { list.cast_into_unchecked() })
     }
 }
 
@@ -361,31 +468,63 @@ struct PyReleased {
     /// The token the room was opened with (gate mode; 0 in pool mode).
     #[pyo3(get)]
     token: u64,
-    /// The room's page ids (a new list on each access).
-    #[pyo3(get)]
-    pages: Vec<u32>,
+    /// The room's page ids: set once, right after the object was allocated (see `fill`).
+    pages: OnceLock<Vec<u32>>,
     /// ``"finished"``, ``"aborted"`` or ``"quarantined"`` (never free those pages).
     #[pyo3(get)]
     reason: &'static str,
 }
 
-impl From<Released> for PyReleased {
-    fn from(r: Released) -> PyReleased {
+impl PyReleased {
+    /// `r`'s object without its pages: made (allocated in Python, which may fail) while
+    /// the caller still owns `r`, so that a failed allocation loses nothing.
+    fn shell(r: &Released) -> PyReleased {
         PyReleased {
             handle: r.handle.to_wire(),
             token: r.token,
-            pages: r.pages,
+            pages: OnceLock::new(),
             reason: reason_str(r.reason),
         }
+    }
+
+    /// Moves `r`'s pages into its shell; cannot fail. From here the object is the release.
+    fn fill(&self, r: Released) {
+        debug_assert_eq!(self.handle, r.handle.to_wire());
+        // A shell is filled once, by the call that made it.
+        let _ = self.pages.set(r.pages);
+    }
+
+    /// One release as a `Released` object, or `Err` with `r` handed back untouched.
+    fn new_bound(py: Python<'_>, r: Released) -> Result<Bound<'_, PyReleased>, (PyErr, Released)> {
+        match Bound::new(py, PyReleased::shell(&r)) {
+            Ok(obj) => {
+                obj.get().fill(r);
+                Ok(obj)
+            }
+            Err(e) => Err((e, r)),
+        }
+    }
+
+    fn page_list(&self) -> &[u32] {
+        self.pages.get().map_or(&[], Vec::as_slice)
     }
 }
 
 #[pymethods]
 impl PyReleased {
+    /// The room's page ids (a new list on each access).
+    #[getter]
+    fn pages(&self) -> Vec<u32> {
+        self.page_list().to_vec()
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Released(handle={:#x}, token={}, pages={:?}, reason='{}')",
-            self.handle, self.token, self.pages, self.reason
+            self.handle,
+            self.token,
+            self.page_list(),
+            self.reason
         )
     }
 }
@@ -483,12 +622,15 @@ impl PyTransfer {
     }
 
     fn __repr__(&self) -> String {
+        let peer = match self.peer {
+            Some(rank) => rank.to_string(),
+            None => "None".to_owned(),
+        };
         format!(
-            "Transfer(token={:#x}, handle={:#x}, peer={:?}, ended={})",
+            "Transfer(token={:#x}, handle={:#x}, peer={peer}, ended={})",
             self.token,
             self.handle,
-            self.peer,
-            self.ended.load(Ordering::Relaxed)
+            py_bool(self.ended.load(Ordering::Relaxed))
         )
     }
 }
@@ -526,13 +668,17 @@ impl Drop for PyTransfer {
 /// room index (and pool pages) back to the table:
 ///
 /// * ``True`` (default): at ``drain_released()``: the core's lock-free release queue. A room
-///   is not reusable until its release is drained, and ``wait_released``/``wait_idle``
-///   wait for the drain.
+///   is not reusable until its release is drained; ``wait_released``/``wait_idle`` end
+///   once it is queued (then drain it: wait, then drain, on one thread).
 /// * ``False``: at once, by the call that performed the release (the core's direct
 ///   delivery); the binding keeps the ``Released`` for the next ``drain_released()``.
 ///
 /// ``max_fenced``: ranks that can be fenced at once. ``max_tokens``: transfers in flight
 /// at once (default ``4 * rooms``, at most ``MAX_ROOMS``).
+///
+/// Arguments: every id (rank, page id, ``token``, handle) and count is an int (or has
+/// ``__index__``) but never a bool, and every sequence of ids is an iterable but never a
+/// str, bytes or bytearray: those raise ``TypeError`` and change nothing.
 ///
 /// All methods are safe to call from any thread; blocking ones release the GIL.
 #[pyclass(frozen, module = "kvfence._kvfence", name = "RoomTable")]
@@ -545,7 +691,8 @@ impl PyRoomTable {
         &self.inner.table
     }
 
-    /// A handle: any int; one outside `0..2**128` is `InvalidHandle` (a `ValueError`).
+    /// A handle: any int but a bool (`TypeError`); one outside `range(2**128)` is
+    /// `InvalidHandle` (a `ValueError`).
     #[inline]
     fn handle(&self, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
         self.inner.handles.read(h).map_err(|e| {
@@ -553,7 +700,7 @@ impl PyRoomTable {
                 raise(
                     h.py(),
                     "InvalidHandle",
-                    "a room handle is an int in 0..2**128 (as returned by open)".into(),
+                    "a room handle is an int in range(2**128) (as returned by open)".into(),
                     Attr::None,
                 )
             } else {
@@ -685,13 +832,16 @@ impl PyRoomTable {
         let writers = ranks(writers)?;
         let token: u64 = match token {
             None => 0,
-            Some(t) => t.extract().map_err(|e: PyErr| {
-                if e.is_instance_of::<PyOverflowError>(py) {
-                    PyValueError::new_err("token must be an int in 0..2**64")
-                } else {
-                    e
-                }
-            })?,
+            Some(t) => {
+                no_bool(t, "token")?;
+                t.extract().map_err(|e: PyErr| {
+                    if e.is_instance_of::<PyOverflowError>(py) {
+                        PyValueError::new_err("token must be an int in range(2**64)")
+                    } else {
+                        e
+                    }
+                })?
+            }
         };
         let table = self.table();
         let handle = if table.is_gate() {
@@ -730,8 +880,9 @@ impl PyRoomTable {
     /// Adds pages to an owned room. Pool mode: ``pages`` is a count; returns the new page
     /// ids. Gate mode: ``pages`` is the engine's page ids; returns ``None``.
     ///
-    /// Raises ``RoomClosed`` once the room is closing, ``PoolExhausted``,
-    /// ``StaleHandle``, ``InvalidHandle``.
+    /// Raises ``RoomClosed`` once the room is closing, ``TooManyPages`` (pool mode: more
+    /// than the whole pool, refused before anything is claimed, as by ``open``),
+    /// ``PoolExhausted``, ``StaleHandle``, ``InvalidHandle``.
     fn grow(
         &self,
         py: Python<'_>,
@@ -750,6 +901,7 @@ impl PyRoomTable {
                     "pool mode: pages is a page count (int); kvfence picks the ids",
                 ));
             }
+            // A count larger than the pool: the core refuses it before claiming anything.
             let n = count(pages, "pages")?;
             Ok(Some(table.grow(h, n).py(py)?))
         }
@@ -884,24 +1036,40 @@ impl PyRoomTable {
     /// Every release not yet delivered, each exactly once (from any thread: concurrent
     /// callers get disjoint lists). Call it each scheduler loop, then free the pages of
     /// every release whose ``reason`` is not ``"quarantined"`` (gate mode).
+    ///
+    /// If it raises (``MemoryError``: a list or a ``Released`` could not be allocated), it
+    /// delivered nothing and lost nothing: the next call returns every release it took.
     fn drain_released<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        // Straight into the list: no intermediate vectors (this runs every scheduler loop).
-        let list = PyList::empty(py);
-        let kept = std::mem::take(&mut *lock(&self.inner.direct));
-        for released in kept {
-            list.append(PyReleased::from(released))?;
+        let mut taken = self.inner.take_all();
+        match Inner::to_list(py, &mut taken) {
+            Ok(list) => Ok(list),
+            Err(e) => {
+                if !cfg!(kvfence_py_drain_loses) {
+                    self.inner.put_back(taken);
+                }
+                // MUTATION (test-only, `kvfence_py_drain_loses`): the releases are dropped,
+                // as the old append loop dropped them.
+                Err(e)
+            }
         }
-        while let Some(released) = self.table().pop_released() {
-            list.append(PyReleased::from(released))?;
-        }
-        Ok(list)
     }
 
-    /// One undelivered release, or ``None``.
-    fn pop_released(&self) -> Option<PyReleased> {
-        let kept = lock(&self.inner.direct).pop();
-        kept.or_else(|| self.table().pop_released())
-            .map(PyReleased::from)
+    /// One undelivered release, or ``None``. If it raises (``MemoryError``), the release
+    /// stays for the next call.
+    fn pop_released<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyReleased>>> {
+        let taken = lock(&self.inner.direct).pop();
+        let Some(released) = taken.or_else(|| self.table().pop_released()) else {
+            return Ok(None);
+        };
+        match PyReleased::new_bound(py, released) {
+            Ok(obj) => Ok(Some(obj)),
+            Err((e, released)) => {
+                if !cfg!(kvfence_py_drain_loses) {
+                    self.inner.put_back(vec![released]);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// How many releases wait for ``drain_released()``.
@@ -934,16 +1102,17 @@ impl PyRoomTable {
         status_dict(py, &status)
     }
 
-    /// Blocks (GIL released) until the handle's lifecycle is released and its room index
-    /// and pool pages are back, or ``timeout`` seconds pass. Returns whether it was
-    /// released. With ``release_queue=True`` that needs the release to have been drained.
-    /// Waiting never changes the table (time never releases a room).
+    /// Blocks (GIL released) until the handle's lifecycle is released, or ``timeout``
+    /// seconds pass. Returns whether it was released. With ``release_queue=False`` its room
+    /// index and pool pages are then back; with ``release_queue=True`` the release is in
+    /// the queue, and the next ``drain_released()`` (the waiter's own, typically) delivers
+    /// it and hands them back. Waiting never changes the table (time never releases a room).
     #[pyo3(signature = (h, timeout=None))]
     fn wait_released(
         &self,
         py: Python<'_>,
         h: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let h = self.handle(h)?;
         let timeout = timeout_arg(timeout)?;
@@ -951,11 +1120,11 @@ impl PyRoomTable {
         wait_loop(py, timeout, |slice| table.wait_released_timeout(h, slice))
     }
 
-    /// Blocks (GIL released) until no room is owned or closing and every release has
-    /// handed its room back (shutdown drain), or ``timeout`` seconds pass. Returns whether
-    /// the table is idle. With ``release_queue=True``, releases must be drained for that.
+    /// Blocks (GIL released) until no room is owned or closing, every release delivered or
+    /// queued (shutdown drain: then ``drain_released()``), or ``timeout`` seconds pass.
+    /// Returns whether the table is idle.
     #[pyo3(signature = (timeout=None))]
-    fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+    fn wait_idle(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
         let timeout = timeout_arg(timeout)?;
         let table = self.table();
         wait_loop(py, timeout, |slice| Ok(table.wait_idle_timeout(slice)))
@@ -996,12 +1165,20 @@ impl PyRoomTable {
         Ok(d)
     }
 
+    /// The constructor call that makes an (empty) table of this configuration.
     fn __repr__(&self) -> String {
         let c = self.table().config();
-        match c.pages {
-            None => format!("RoomTable(rooms={}, gate mode)", c.rooms),
-            Some(p) => format!("RoomTable(rooms={}, pages={})", c.rooms, p),
-        }
+        let pages = match c.pages {
+            Some(p) => p.to_string(),
+            None => "None".to_owned(),
+        };
+        format!(
+            "RoomTable(rooms={}, pages={pages}, release_queue={}, max_fenced={}, max_tokens={})",
+            c.rooms,
+            py_bool(c.release_queue),
+            c.max_fenced,
+            c.max_tokens
+        )
     }
 }
 

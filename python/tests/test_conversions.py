@@ -115,7 +115,7 @@ def test_sequences_of_every_kind(gate, make):
 
 
 def test_int_like_items_take_the_exact_path(gate):
-    h = gate.open([Rank.A, True, Index(70)], [Rank.B, False, Index(12)])
+    h = gate.open([Rank.A, Index(1), Index(70)], [Rank.B, Index(0), Index(12)])
     assert gate.pages_of(h) == [9, 0, 12]
     assert sorted(gate.abort(h)) == [1, 3, 70]
 

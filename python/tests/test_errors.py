@@ -137,6 +137,12 @@ def test_ranks(gate):
         gate.readmit_rank(-1)
     with pytest.raises(kvfence.InvalidRank):
         gate.begin_transfer(h, peer=2**40)
+    # Issue 18, item 4: 2**32 - 1 is no rank id; as a peer it was accepted, and such a
+    # failed transfer could only end by quarantine.
+    with pytest.raises(kvfence.InvalidRank) as e:
+        gate.begin_transfer(h, peer=2**32 - 1)
+    assert e.value.rank == 2**32 - 1
+    assert gate.room_status(h)["transfers"] == 0
     with pytest.raises(TypeError):
         gate.open(5, [1])                # writers must be iterable
 

@@ -1,14 +1,11 @@
 //! `kvfence-sim`: see `kvfence-sim --help`.
 
-use kvfence_sim::config::{self, Command, RuleKind, SimConfig};
+use kvfence_sim::cli::{self, Command};
+use kvfence_sim::config::{RuleKind, SimConfig, MEASURED_TEARDOWN_MS, TEARDOWN_SOURCE};
+use kvfence_sim::report::{self, BenchJson, BenchRuleJson, SoakJson};
+use kvfence_sim::repro;
 use kvfence_sim::sim::{self, Progress, RuleResult};
-use kvfence_sim::{report, repro};
 use std::process::ExitCode;
-
-fn fail(msg: &str) -> ExitCode {
-    eprintln!("kvfence-sim: error: {msg}");
-    ExitCode::from(2)
-}
 
 fn run(cfg: &SimConfig, json: bool, plot: Option<&str>) -> ExitCode {
     let mut progress = Progress::new(cfg.progress);
@@ -76,7 +73,7 @@ fn header(cfg: &SimConfig) -> String {
     format!(
         "kvfence-sim: {} pages x {} B, {} prefill ranks, fan-in {}, {} rooms, {} per rule, \
          abort rate {}, seed {}\n\
-         peer times / {}: detector {} ms (heartbeat {} s x {}), teardown {} ms, rank death every {} ms; \
+         peer times / {}: detector {} ms (heartbeat {} s x {}), teardown {} ms{}, rank death every {} ms; \
          timeouts: timeout {} ms, sglang {} ms ({} s), vllm {} ms ({} s)\n\
          faults: ACK drop/dup/late {}/{}/{}, stale intents {}, failed writes {} (land anyway {}), \
          quarantine after {} ms\n",
@@ -96,6 +93,11 @@ fn header(cfg: &SimConfig) -> String {
         cfg.heartbeat_s,
         cfg.heartbeat_failures,
         cfg.teardown_ms,
+        if cfg.teardown_ms == MEASURED_TEARDOWN_MS {
+            format!(" (measured: {TEARDOWN_SOURCE})")
+        } else {
+            String::new()
+        },
         cfg.death_period_ms,
         cfg.timeout_ms,
         cfg.timeout_for(RuleKind::Sglang).as_millis(),
@@ -142,11 +144,14 @@ fn soak(cfg: &SimConfig, json: bool) -> ExitCode {
         ));
     }
     if json {
-        println!(
-            "{{\"mode\":\"soak\",\"ok\":{},\"requests\":{want},\"result\":{}}}",
-            bad.is_empty(),
-            report::json(std::slice::from_ref(&r), bad.is_empty())
-        );
+        let ok = bad.is_empty();
+        let out = SoakJson {
+            mode: "soak",
+            ok,
+            requests: want,
+            result: report::RunJson::new(std::slice::from_ref(&r), ok),
+        };
+        println!("{}", report::to_json(&out));
     } else {
         print!("{}", header(cfg));
         print!("{}", report::table(std::slice::from_ref(&r)));
@@ -249,25 +254,26 @@ fn bench(cfg: &SimConfig, rounds: usize, json: bool) -> ExitCode {
         .collect();
     let med_ratio: Vec<f64> = ratios.iter().map(|v| median(&mut v.clone())).collect();
     if json {
-        let per: Vec<String> = (0..n)
-            .map(|i| {
-                format!(
-                    "{{\"rule\":\"{}\",\"rps\":[{}],\"median_rps\":{:.1},\"corrupted_requests\":{},\
-                     \"kvfence_ratio_of_medians\":{:.4},\"kvfence_median_pair_ratio\":{:.4}}}",
-                    rules[i].name(),
-                    rps[i].iter().map(|x| format!("{x:.1}")).collect::<Vec<_>>().join(","),
-                    med[i],
-                    corrupted[i],
-                    if med[i] > 0.0 { med[kv] / med[i] } else { 0.0 },
-                    med_ratio[i]
-                )
-            })
-            .collect();
-        println!(
-            "{{\"mode\":\"bench\",\"faults\":{faults},\"rounds\":{rounds},\"seconds\":{},\"rules\":[{}]}}",
-            cfg.seconds,
-            per.join(",")
-        );
+        let out = BenchJson {
+            mode: "bench",
+            faults,
+            rounds,
+            seconds: cfg.seconds,
+            rules: (0..n)
+                .map(|i| BenchRuleJson {
+                    rule: rules[i].name(),
+                    rps: rps[i].iter().map(|&x| report::round(x, 1)).collect(),
+                    median_rps: report::round(med[i], 1),
+                    corrupted_requests: corrupted[i],
+                    kvfence_ratio_of_medians: report::round(
+                        if med[i] > 0.0 { med[kv] / med[i] } else { 0.0 },
+                        4,
+                    ),
+                    kvfence_median_pair_ratio: report::round(med_ratio[i], 4),
+                })
+                .collect(),
+        };
+        println!("{}", report::to_json(&out));
     } else {
         if faults {
             print!("bench --faults: {}", header(cfg));
@@ -315,18 +321,13 @@ fn bench(cfg: &SimConfig, rounds: usize, json: bool) -> ExitCode {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let cmd = match config::parse(&args) {
+    // Bad flags and configs that cannot run: clap's usage error on stderr, exit status 2;
+    // --help and --version: on stdout, exit status 0.
+    let cmd = match cli::parse(&args) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("(see kvfence-sim --help)");
-            return fail(&e);
-        }
+        Err(e) => e.exit(),
     };
     match cmd {
-        Command::Help => {
-            print!("{}", config::USAGE);
-            ExitCode::SUCCESS
-        }
         Command::Run { cfg, json, plot } => run(&cfg, json, plot.as_deref()),
         Command::Bench { cfg, rounds, json } => bench(&cfg, rounds, json),
         Command::Soak { cfg, json } => soak(&cfg, json),

@@ -115,3 +115,139 @@ fn bad_flags_exit_2_with_a_message() {
         assert!(err.contains("error:"), "{args:?}: {err}");
     }
 }
+
+/// Key paths and value types of a JSON value, in order (`.rules[].rule: string`); an array
+/// contributes its first element's paths, and all its elements must agree.
+fn schema(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            out.push(format!(
+                "{}: object",
+                if path.is_empty() { "." } else { path }
+            ));
+            for (k, x) in m {
+                schema(x, &format!("{path}.{k}"), out);
+            }
+        }
+        Value::Array(a) => {
+            out.push(format!("{path}: array"));
+            let subs: Vec<Vec<String>> = a
+                .iter()
+                .map(|x| {
+                    let mut o = Vec::new();
+                    schema(x, &format!("{path}[]"), &mut o);
+                    o
+                })
+                .collect();
+            if let Some(first) = subs.first() {
+                assert!(subs.iter().all(|s| s == first), "mixed array at {path}");
+                out.extend(first.iter().cloned());
+            }
+        }
+        Value::Null => out.push(format!("{path}: null")),
+        Value::Bool(_) => out.push(format!("{path}: bool")),
+        Value::Number(_) => out.push(format!("{path}: number")),
+        Value::String(_) => out.push(format!("{path}: string")),
+    }
+}
+
+/// The golden schema of one mode (`## mode` section of tests/json-schema.txt, recorded from
+/// the hand-written JSON before the move to serde).
+fn golden(mode: &str) -> Vec<String> {
+    let text = include_str!("json-schema.txt");
+    let mut lines = text
+        .lines()
+        .skip_while(|l| *l != format!("## {mode}"))
+        .skip(1);
+    let section: Vec<String> = lines
+        .by_ref()
+        .take_while(|l| !l.starts_with("## "))
+        .map(String::from)
+        .collect();
+    assert!(!section.is_empty(), "no golden schema for {mode}");
+    section
+}
+
+#[test]
+fn json_keys_and_structure_are_unchanged() {
+    let cases: [(&str, &[&str]); 4] = [
+        ("repro", &["repro", "--runs", "2", "--json"]),
+        (
+            "run",
+            &[
+                "--seconds",
+                "0.3",
+                "--json",
+                "--no-progress",
+                "--pages",
+                "1024",
+                "--rooms",
+                "64",
+            ],
+        ),
+        (
+            "bench",
+            &[
+                "bench",
+                "--rounds",
+                "1",
+                "--seconds",
+                "0.2",
+                "--json",
+                "--no-progress",
+            ],
+        ),
+        (
+            "soak",
+            &["soak", "--requests", "1000", "--json", "--no-progress"],
+        ),
+    ];
+    for (mode, args) in cases {
+        let out = run_ok(args);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+        let mut got = Vec::new();
+        schema(&v, "", &mut got);
+        assert_eq!(got, golden(mode), "{mode}: JSON keys or structure changed");
+    }
+}
+
+#[test]
+fn help_lists_every_flag_of_the_old_command_line() {
+    // The flags of the hand-written parser (before clap), by the command that takes them.
+    let sim = "--preset --rules --seconds --pages --page-bytes --prefill-ranks --fan-in --rooms \
+               --min-pages --max-pages --chunk-pages --queue-us --transfer-us --max-inflight \
+               --decode-us --abort-rate --wait-timeout-ms --timeout-ms --time-scale \
+               --sglang-timeout-s --vllm-timeout-s --heartbeat-s --heartbeat-failures \
+               --detect-ms --teardown-ms --death-period-ms --ack-delay-us --ack-drop --ack-dup \
+               --ack-late --late-ms --stale-intent-rate --abort-retry-ms --fail-rate \
+               --fail-lands --quarantine-ms --no-prefill-check --seed --json --no-progress";
+    let commands: [(&[&str], String); 5] = [
+        (&["--help"], format!("{sim} --no-delay --plot --help")),
+        (&["run", "--help"], format!("{sim} --no-delay --plot")),
+        (
+            &["bench", "--help"],
+            format!("{sim} --no-delay --faults --rounds"),
+        ),
+        (&["soak", "--help"], format!("{sim} --requests")),
+        (
+            &["repro", "--help"],
+            "--runs --timeout-ms --json".to_string(),
+        ),
+    ];
+    for (args, flags) in commands {
+        let help = run_ok(args);
+        for flag in flags.split_whitespace() {
+            // Its own entry: a line that starts with the flag (not a mention elsewhere).
+            let entry = help.lines().any(|l| {
+                let l = l.trim_start().trim_start_matches("-h, ");
+                l == flag || l.starts_with(&format!("{flag} "))
+            });
+            assert!(entry, "{args:?} does not document {flag}");
+        }
+        assert!(
+            help.contains("Exit status: 0 ok; 1 kvfence corrupted"),
+            "{args:?}"
+        );
+    }
+}

@@ -676,6 +676,13 @@ impl Model {
                 return Err(Error::WrongMode { table: "gate" });
             }
             let index = self.hold(h)?;
+            // More than the pool holds: refused before anything is claimed (issue 18).
+            if n > self.capacity() {
+                return Err(Error::TooManyPages {
+                    requested: n,
+                    capacity: self.capacity(),
+                });
+            }
             if self.free_pages.len() < n {
                 return Err(Error::PoolExhausted { requested: n });
             }
@@ -713,6 +720,10 @@ impl Model {
 
     /// `begin_transfer` / `begin_transfer_to` / `begin_transfer_owned`.
     pub fn begin_transfer(&mut self, h: RoomHandle, peer: Option<u32>) -> Result<Transfer, Error> {
+        // `u32::MAX` is no rank id: refused first, as a bad argument (issue 18 item 4).
+        if peer == Some(u32::MAX) {
+            return Err(Error::InvalidRank { rank: u32::MAX });
+        }
         let index = self.hold(h)?;
         self.room(index).in_flight += 1;
         Ok(Transfer {
@@ -730,6 +741,9 @@ impl Model {
         lib: &Result<TransferToken, Error>,
     ) -> Check {
         let expected = (|| {
+            if peer == Some(u32::MAX) {
+                return Err(Error::InvalidRank { rank: u32::MAX });
+            }
             self.resolve(h)?;
             if self.tokens.len() >= self.config.max_tokens {
                 return Err(Error::TooManyTokens);
@@ -953,17 +967,22 @@ impl Model {
         self.slots.iter().filter(|s| s.queued.is_some()).count()
     }
 
-    /// `wait_released_timeout(h, 0)`: whether the lifecycle's release was delivered.
+    /// `wait_released_timeout(h, 0)`: whether the lifecycle's release was decided, and
+    /// delivered or queued (issue 18 item 9: a wait ends once nothing more can make the
+    /// release happen).
     pub fn released(&self, h: RoomHandle) -> Result<bool, Error> {
         self.resolve(h)?;
-        Ok(self.delivered.contains(&h))
+        Ok(self.delivered.contains(&h)
+            || self
+                .slots
+                .iter()
+                .any(|s| s.queued.as_ref().is_some_and(|r| r.handle == h)))
     }
 
-    /// Whether nothing is live or queued (`wait_idle` returns at once).
+    /// Whether nothing is live (`wait_idle` returns at once; queued releases wait for a
+    /// drain).
     pub fn idle(&self) -> bool {
-        self.slots
-            .iter()
-            .all(|s| s.live.is_none() && s.queued.is_none())
+        self.slots.iter().all(|s| s.live.is_none())
     }
 
     /// Pending ranks of the handle's lifecycle (empty if not live).
