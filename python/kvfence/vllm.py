@@ -720,11 +720,14 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
         """Policies, vLLM's poll (its expired-lease reports never happen here), then
         kvfence's release gate."""
         self._kvf_policies()
-        results = self._kvf_filter(super().get_transfer_results())
-        # vLLM evicts the writer's state of what it reports; kvfence reports later.
-        for req_id in results.finished_sending:
+        raw = super().get_transfer_results()
+        evicted = set(raw.finished_sending)  # vLLM evicted the writer's state of these
+        results = self._kvf_filter(raw)
+        # What kvfence reports later (a lapsed lease, a fenced peer): evict it now.
+        late = results.finished_sending - evicted
+        for req_id in late:
             self._evict_finished_inbox.put(req_id)
-        if results.finished_sending:
+        if late:
             self._push_writer_wake.set()
         return results
 
