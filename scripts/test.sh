@@ -44,6 +44,9 @@ bash scripts/python.sh --mutations
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
 bash e2e/ci.sh
 
+step "vLLM 0.33.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (env cached; NOTICE if impossible)"
+bash e2e/vllm/ci.sh
+
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else
