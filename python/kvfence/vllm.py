@@ -187,6 +187,7 @@ class _Xfer:
     engine: Optional[str]  # remote engine id (None: unknown peer)
     t0: float
     failed: bool = False
+    released: bool = False  # its NIXL handle object was released (before a teardown)
 
 
 _SEND = "send"
@@ -393,6 +394,24 @@ class _KvfenceWorkerMixin:
         )
         self._kvf_event("fence", engine_id, why)
 
+    def _kvf_release_failed_handles(self, engine: str) -> bool:
+        """Releases the NIXL handle objects of the engine's failed transfers before its
+        teardown (vLLM never releases descriptors under a handle still in use); False if
+        one cannot be released yet (vLLM's ``_try_release_xfer_handle`` logs it)."""
+        with self._kvf_lock:
+            pending = [
+                (k, xf)
+                for k, xf in self._kvf_xfers.items()
+                if xf.engine == engine and xf.failed and not xf.released and isinstance(k, int)
+            ]
+        ok = True
+        for key, xf in pending:
+            if self._try_release_xfer_handle(xf.req_id, key):  # type: ignore[attr-defined]
+                xf.released = True
+            else:
+                ok = False
+        return ok
+
     def _kvf_forget_handle(self, key: Any, xf: _Xfer) -> None:
         """After a fence: drop a NIXL handle of the fenced peer from vLLM's tables and
         mark its request failed, so that vLLM reports it once its room is released."""
@@ -401,7 +420,8 @@ class _KvfenceWorkerMixin:
                 handles = self._recving_transfers.get(xf.req_id)
                 if handles is not None and key in handles:
                     handles.remove(key)
-                    self._kvf_release_nixl(xf.req_id, key)
+                    if not xf.released:
+                        self._kvf_release_nixl(xf.req_id, key)
                     if not handles:
                         del self._recving_transfers[xf.req_id]
             self._recv_failures.add(xf.req_id)
@@ -536,9 +556,16 @@ class _KvfenceWorkerMixin:
 
     def _kvf_teardowns(self) -> None:
         """Tears down (vLLM's ``_cleanup_remote_engine``) and fences each queued peer."""
+        hs_lock = getattr(self, "_handshake_lock", None)
+        if hs_lock is not None:
+            with hs_lock:
+                if getattr(self, "_handshake_futures", None):
+                    return  # as vLLM: no teardown while a handshake loads NIXL metadata
         with self._kvf_lock:
             todo = list(self._kvf_to_fence.items())
         for engine, why in todo:
+            if not self._kvf_release_failed_handles(engine):
+                continue  # a failed handle is still in use: vLLM keeps descriptors; retry
             if engine in self._remote_agents:
                 self._cleanup_remote_engine(engine, log_eviction=False)
             else:  # no NIXL state left for it: already torn down
@@ -711,7 +738,8 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
                 handles = self._sending_transfers.get(xf.req_id)
                 if handles is not None and key in handles:
                     handles.remove(key)
-                    self._kvf_release_nixl(xf.req_id, key)
+                    if not xf.released:
+                        self._kvf_release_nixl(xf.req_id, key)
                     if not handles:
                         del self._sending_transfers[xf.req_id]
             self._send_failures.add(xf.req_id)
