@@ -310,3 +310,14 @@ def test_events_travel_in_connector_metadata(default_vllm_config: Any, dist_init
     assert any(isinstance(m, kv.KvfenceWorkerMeta) and any(e[0] == "fence" for e in m.events)
                for m in seen)
     assert kv.EVENTS.labels(event="fence")._value.get() == before + 1
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its version check")
+def test_version_check_refuses_other_vllm() -> None:
+    """Any vLLM but 0.33.0 is refused at import with a clear message."""
+    import kvfence.vllm as kv
+
+    assert kv._check_version() == "0.33.0"
+    with patch.object(kv._metadata, "version", return_value="0.32.1"):
+        with pytest.raises(ImportError, match=r"supports vLLM 0\.33\.0 only.*found vLLM 0\.32\.1"):
+            kv._check_version()
