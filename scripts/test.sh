@@ -55,6 +55,9 @@ bash ffi/ci.sh
 step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
 bash e2e/sglang/ci.sh
 
+step "vLLM 0.33.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (env cached; NOTICE if impossible)"
+bash e2e/vllm/ci.sh
+
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else

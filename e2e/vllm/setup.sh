@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Builds (or reuses) the vLLM environment in which kvfence.vllm and vLLM's own NIXL / P-D
+# unit tests run on a CPU-only machine:
+#
+#   ${KVFENCE_CACHE:-$HOME/.cache/kvfence}/vllm-0.33.0-torch2.14.0-py3.11/
+#     venv/        vllm==0.33.0 (its pinned torch 2.14.0), pytest, pytest-asyncio,
+#                  pytest-timeout, tblib, ray (test_nixl_connector imports it), maturin,
+#                  mypy; then kvfence from ./python (maturin; redone when python/, src/
+#                  or Cargo.* change)
+#     vllm-src/tests/  tests/ of the vllm==0.33.0 PyPI sdist, fetched here (never
+#                  committed; run from vllm-src/: its conftest imports `tests.`)
+#     hf/          an offline Hugging Face cache: facebook/opt-125m's config.json and a
+#                  small tokenizer generated locally (make_hf_cache.py; nothing from the hub)
+#     .complete    written only after all of the above succeeded; its presence = reuse
+#
+#   e2e/vllm/setup.sh           build what is missing, print the env directory last
+#   e2e/vllm/setup.sh --print   print the env directory only (no build)
+#
+# Exit status: 0 ready; 77 a registry refused a package or the platform has no wheel
+# (callers print a NOTICE and skip); 1 anything else. ~10 GB, ~5 min on a fresh machine.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+VLLM_VERSION=0.33.0
+TORCH_VERSION=2.14.0
+PY=${PYTHON:-python3.11}
+CACHE=${KVFENCE_CACHE:-$HOME/.cache/kvfence}
+ENV=$CACHE/vllm-$VLLM_VERSION-torch$TORCH_VERSION-py3.11
+VENV=$ENV/venv
+log() { printf 'e2e/vllm/setup.sh: %s\n' "$*" >&2; }
+unavailable() { log "NOTICE: $*"; exit 77; }
+
+if [ "${1:-}" = --print ]; then echo "$ENV"; exit 0; fi
+
+build_env() {
+    command -v "$PY" >/dev/null || unavailable "$PY not found (vLLM $VLLM_VERSION env is pinned to CPython 3.11)"
+    mkdir -p "$ENV"
+    if [ ! -x "$VENV/bin/python" ]; then
+        log "creating $VENV"
+        "$PY" -m venv "$VENV" || { log "venv failed"; exit 1; }
+    fi
+    local pip="$VENV/bin/python -m pip"
+    $pip install -q --upgrade pip >/dev/null 2>&1 || true
+    log "pip install vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION; ~5 min, ~10 GB)"
+    $pip install -q "vllm==$VLLM_VERSION" || unavailable "pip could not install vllm==$VLLM_VERSION"
+    local tv
+    tv=$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)
+    [ "$tv" = "$TORCH_VERSION" ] || { log "torch is '$tv', expected $TORCH_VERSION"; exit 1; }
+    # Test tools: pytest-asyncio/-timeout and tblib are what vLLM's tests use; ray is
+    # imported at module level by test_nixl_connector; setuptools-rust/-scm and wheel are
+    # needed to prepare the sdist without build isolation; maturin builds kvfence; mypy
+    # type-checks kvfence.vllm against the installed vLLM.
+    $pip install -q pytest pytest-asyncio pytest-timeout tblib ray \
+        setuptools-rust setuptools-scm wheel "maturin>=1.9,<2" mypy \
+        || unavailable "pip could not install the test tools"
+
+    if [ ! -d "$ENV/vllm-src/tests/v1/kv_connector/unit" ]; then
+        log "fetching vllm==$VLLM_VERSION sdist for its tests/"
+        local dl
+        dl=$(mktemp -d)
+        # No build isolation: with it pip fetches torch again to prepare the metadata.
+        (cd "$dl" && VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
+            "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: \
+            --no-build-isolation "vllm==$VLLM_VERSION" -d "$dl") \
+            || unavailable "pip could not download the vllm==$VLLM_VERSION sdist"
+        local sd
+        sd=$(ls "$dl"/vllm-*.tar.gz 2>/dev/null | head -1)
+        [ -n "$sd" ] || { log "no sdist in $dl"; exit 1; }
+        rm -rf "$ENV/vllm-src.tmp" && mkdir -p "$ENV/vllm-src.tmp"
+        tar -xzf "$sd" -C "$ENV/vllm-src.tmp" --strip-components=1 "vllm-$VLLM_VERSION/tests" \
+            || { log "untar of tests/ failed"; exit 1; }
+        rm -rf "$ENV/vllm-src" && mv "$ENV/vllm-src.tmp" "$ENV/vllm-src"
+        rm -rf "$dl"
+    fi
+
+    log "offline Hugging Face cache (facebook/opt-125m config + generated tokenizer)"
+    "$VENV/bin/python" "$here/make_hf_cache.py" "$ENV/hf" || { log "make_hf_cache.py failed"; exit 1; }
+    touch "$ENV/.complete"
+}
+
+install_kvfence() {
+    # Reinstall kvfence when its sources differ from the last install's.
+    local want have stamp="$ENV/.kvfence-sources"
+    want=$(cd "$root" && find python src Cargo.toml Cargo.lock -type f \
+        \( -name '*.rs' -o -name '*.toml' -o -name '*.py' -o -name '*.pyi' -o -name '*.lock' \) \
+        -not -path '*/target/*' -not -path '*/__pycache__/*' -print0 | sort -z \
+        | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
+    have=$(cat "$stamp" 2>/dev/null)
+    if [ "$want" = "$have" ] && "$VENV/bin/python" -c 'import kvfence.vllm' 2>/dev/null; then
+        return 0
+    fi
+    log "building kvfence (pip install ./python, maturin)"
+    (cd "$root" && PATH="$VENV/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
+        "$VENV/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python) \
+        || { log "building kvfence failed"; exit 1; }
+    echo "$want" > "$stamp"
+}
+
+if [ ! -f "$ENV/.complete" ]; then build_env; fi
+install_kvfence
+echo "$ENV"

@@ -1,0 +1,323 @@
+"""kvfence.vllm under vLLM's real ``Scheduler`` and vLLM's ``FakeNixlWrapper``.
+
+Each test drives a real vLLM 0.33.0 ``Scheduler`` and a NIXL worker connector (vLLM's
+``FakeNixlConnectorWorker`` from its own unit tests, on vLLM's ``FakeNixlWrapper``) step
+by step, as the engine does (schedule -> connector metadata -> worker ``start_load_kv`` /
+``get_transfer_results`` -> ``KVConnectorOutput`` -> ``update_from_output``), and records
+two things in order: every block free of the scheduler (``Scheduler._free_blocks``) and
+every NIXL teardown (``remove_remote_agent``). Each checks that a request's blocks are
+freed exactly once, never while a handle may still move bytes (no free before the
+transfer ended or its peer was torn down), and that nothing leaks once the peer is fenced.
+
+Run by ``e2e/vllm/ci.sh`` with the plugin ``kvfence_swap`` (vLLM's NIXL names point at
+kvfence's subclasses). With ``KVFENCE_SWAP=0`` the same tests run against stock vLLM:
+every one of them must then fail (``ci.sh`` checks that too).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from unittest.mock import MagicMock, patch
+
+import pytest
+
+from tests.v1.kv_connector.unit.test_nixl_connector import (  # vLLM's own fakes
+    FakeNixlConnectorWorker,
+    FakeNixlWrapper,
+)
+from tests.v1.kv_connector.unit.utils import (
+    create_model_runner_output,
+    create_request,
+    create_scheduler,
+    create_vllm_config,
+    make_kv_cache_config,
+    maybe_update_block_size,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import (
+    NixlConnector,
+    NixlPushConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import ReadSpec
+from vllm.forward_context import ForwardContext
+from vllm.v1.request import RequestStatus
+
+KVFENCE = os.environ.get("KVFENCE_SWAP", "1") != "0"
+BASE_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker.NixlWrapper"
+REMOTE = FakeNixlConnectorWorker.REMOTE_ENGINE_ID
+BLOCK = maybe_update_block_size(16)  # vLLM's unit conftest lets the CPU backend take 16
+
+
+def test_swap_is_what_we_think() -> None:
+    """The classes under test are kvfence's (or stock's when KVFENCE_SWAP=0)."""
+    assert NixlConnector.__module__ == ("kvfence.vllm" if KVFENCE else
+                                        "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector")
+
+
+class PD:
+    """One engine side: a real Scheduler plus one worker connector, stepped together."""
+
+    def __init__(self, role: str, extra: Optional[Dict[str, Any]] = None, push: bool = False) -> None:
+        self.log: List[Tuple[str, str]] = []
+        cfg = create_vllm_config(
+            block_size=BLOCK,
+            kv_role=role,
+            kv_connector="NixlPushConnector" if push else "NixlConnector",
+            kv_connector_extra_config=extra or {},
+        )
+        self.cfg = cfg
+        self.sched = create_scheduler(cfg, num_blocks=200)
+        real_free = self.sched._free_blocks
+
+        def spy_free(request: Any) -> None:
+            self.log.append(("free", request.request_id))
+            real_free(request)
+
+        self.sched._free_blocks = spy_free  # type: ignore[method-assign]
+        kvcc = make_kv_cache_config(block_size=BLOCK, num_blocks=200)
+        cls = NixlPushConnector if push else NixlConnector
+        self.conn = cls(cfg, KVConnectorRole.WORKER, kvcc)
+        if not push:
+            self.conn.connector_worker = FakeNixlConnectorWorker(
+                cfg, self.conn.engine_id, hand_shake_latency=0, kv_cache_config=kvcc
+            )
+        self.worker = self.conn.connector_worker
+        if push:  # set up by register_kv_caches, which needs a real KV cache
+            self.worker.transfer_topo = MagicMock()
+        wrapper = self.worker.nixl_wrapper
+        real_remove = wrapper.remove_remote_agent
+
+        def spy_remove(agent: str) -> None:
+            self.log.append(("teardown", agent))
+            real_remove(agent)
+
+        wrapper.remove_remote_agent = spy_remove
+        self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+
+    def frees(self, req_id: str) -> int:
+        return sum(1 for e in self.log if e == ("free", req_id))
+
+    def step(self, use_eos: bool = False) -> None:
+        out = self.sched.schedule()
+        self.conn.bind_connector_metadata(out.kv_connector_metadata)
+        self.conn.start_load_kv(self.ctx)
+        res = self.conn.get_transfer_results(set())
+        self.conn.clear_connector_metadata()
+        running = [self.sched.requests[r] for r in out.num_scheduled_tokens]
+        mro = create_model_runner_output(
+            running,
+            finished_sending=res.finished_sending or None,
+            finished_recving=res.finished_recving or None,
+            invalid_block_ids=self.conn.get_block_ids_with_load_errors() or None,
+            use_eos=use_eos,
+            kv_connector_worker_meta=self.conn.build_connector_worker_meta(),
+        )
+        if mro.kv_connector_output is not None:
+            mro.kv_connector_output.failed_recving = res.failed_recving
+        self.sched.update_from_output(out, mro)
+
+    def steps(self, n: int, until: Optional[Callable[[], bool]] = None, sleep: float = 0.0) -> None:
+        for _ in range(n):
+            self.step()
+            if until is not None and until():
+                return
+            if sleep:
+                time.sleep(sleep)
+
+
+# --------------------------------------------------------------------------- decode (pull)
+
+
+def _decode_with_read(pd: PD, cycles: int = 10**9, n: int = 1) -> List[str]:
+    """Adds ``n`` remote-prefill requests and steps until each has a READ posted."""
+    pd.worker.nixl_wrapper._cycles_before_xfer_done = cycles
+    ids = []
+    for _ in range(n):
+        req = create_request(do_remote_prefill=True, num_tokens=3 * BLOCK, block_size=BLOCK)
+        req.kv_transfer_params["remote_engine_id"] = REMOTE
+        req.kv_transfer_params["remote_block_ids"] = ([0, 1, 2],)
+        pd.sched.add_request(req)
+        ids.append(req.request_id)
+    pd.steps(100, until=lambda: all(r in pd.worker._recving_transfers for r in ids), sleep=0.01)
+    for r in ids:
+        assert pd.worker._recving_transfers.get(r), f"no READ posted for {r}"
+        assert pd.sched.requests[r].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    return ids
+
+
+def _assert_freed_once_after_teardown(pd: PD, req_id: str) -> None:
+    assert pd.frees(req_id) == 1, f"{req_id} freed {pd.frees(req_id)} times: {pd.log}"
+    first_teardown = next((i for i, e in enumerate(pd.log) if e[0] == "teardown"), None)
+    free_at = pd.log.index(("free", req_id))
+    assert first_teardown is not None and first_teardown < free_at, (
+        f"blocks of {req_id} freed while its handle could still move bytes "
+        f"(no teardown of the peer before the free): {pd.log}"
+    )
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_failed_handle_frees_once_after_teardown(default_vllm_config: Any, dist_init: Any) -> None:
+    """A READ handle in error: vLLM releases it and frees the blocks at once, though
+    "a status error does not guarantee that the backend stopped DMA". kvfence keeps the
+    handle and the blocks until the peer is torn down and fenced, then frees once."""
+    pd = PD("kv_consumer")
+    (rid,) = _decode_with_read(pd)
+    pd.worker.nixl_wrapper.check_xfer_state = lambda h: "ERR"
+    pd.steps(5)
+    _assert_freed_once_after_teardown(pd, rid)
+    pd.steps(3)
+    assert pd.frees(rid) == 1
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_stuck_handle_frees_once_after_teardown(default_vllm_config: Any, dist_init: Any) -> None:
+    """A READ that never completes: vLLM leaks its blocks for ever (#46283). kvfence tears
+    the peer down after kvfence_stuck_handle_s, fences it, and the blocks go back once."""
+    pd = PD("kv_consumer", {"kvfence_stuck_handle_s": 0.3})
+    (rid,) = _decode_with_read(pd)
+    pd.steps(3)
+    assert pd.frees(rid) == 0  # still posted: held
+    pd.steps(60, until=lambda: pd.frees(rid) > 0, sleep=0.02)
+    _assert_freed_once_after_teardown(pd, rid)
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_abort_while_waiting_for_remote_kvs(default_vllm_config: Any, dist_init: Any) -> None:
+    """A client abort while WAITING_FOR_REMOTE_KVS with a READ that never completes: the
+    free stays delayed (vLLM #32255) but then leaks. kvfence: freed once, after teardown."""
+    pd = PD("kv_consumer", {"kvfence_stuck_handle_s": 0.3})
+    (rid,) = _decode_with_read(pd)
+    pd.sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+    pd.steps(3)
+    assert pd.frees(rid) == 0  # the READ may still write: held
+    pd.steps(60, until=lambda: pd.frees(rid) > 0, sleep=0.02)
+    _assert_freed_once_after_teardown(pd, rid)
+    pd.steps(3)
+    assert pd.frees(rid) == 1
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_peer_disappears_nothing_leaks(default_vllm_config: Any, dist_init: Any) -> None:
+    """The prefill peer goes away: one READ errors, the other stays posted for ever. vLLM
+    frees the first at once and leaks the second. kvfence tears the peer down on the
+    error, fences it, and both requests' blocks go back exactly once."""
+    pd = PD("kv_consumer")
+    a, b = _decode_with_read(pd, n=2)
+    ha = set(pd.worker._recving_transfers[a])
+    pd.worker.nixl_wrapper.check_xfer_state = lambda h: "ERR" if h in ha else "PROC"
+    pd.steps(10, until=lambda: pd.frees(a) and pd.frees(b), sleep=0.01)
+    _assert_freed_once_after_teardown(pd, a)
+    _assert_freed_once_after_teardown(pd, b)
+    pd.steps(3)
+    assert pd.frees(a) == 1 and pd.frees(b) == 1
+
+
+# -------------------------------------------------------------------------- prefill (pull)
+
+
+def _finished_prefill(pd: PD) -> str:
+    req = create_request(do_remote_decode=True, num_tokens=3 * BLOCK, block_size=BLOCK)
+    pd.sched.add_request(req)
+    pd.step(use_eos=True)  # prefill done: blocks held for the decode's READ
+    rid = req.request_id
+    assert rid in pd.sched.requests and pd.frees(rid) == 0
+    pd.steps(2)  # the lease reaches the worker (reqs_to_send)
+    assert rid in pd.worker._reqs_to_send
+    return rid
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_lease_lapses_while_read_posted(default_vllm_config: Any, dist_init: Any) -> None:
+    """The decode's READ of a finished prefill is still posted when the lease lapses:
+    vLLM frees the blocks (the READ then reads reused blocks). kvfence holds them until
+    the decode's completion notification, then frees them once."""
+    pd = PD("kv_producer", {"kv_lease_duration": 1})
+    rid = _finished_prefill(pd)
+    time.sleep(1.1)
+    pd.steps(3)
+    assert pd.frees(rid) == 0, "blocks freed on lease expiry while a READ may be posted"
+    # The decode's READ completes: its notification ("<req>:<consumers>") arrives late.
+    notifs = [{"decode-agent": [f"{rid}:1".encode()]}]
+    pd.worker.nixl_wrapper.get_new_notifs = lambda: notifs.pop() if notifs else {}
+    pd.steps(3)
+    assert pd.frees(rid) == 1
+
+
+# -------------------------------------------------------------------------- prefill (push)
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_push_write_in_progress_at_expiry(default_vllm_config: Any, dist_init: Any) -> None:
+    """Push: the prefill's WRITE is still in progress when the lease lapses. vLLM reports
+    the request done ("even if their WRITEs finish later") and frees the source blocks
+    the WRITE is reading. kvfence frees them once the WRITE handle is DONE, once."""
+    pd = PD("kv_producer", {"kv_lease_duration": 1}, push=True)
+    rid = _finished_prefill(pd)
+    w = pd.worker
+    # vLLM's writer posts one WRITE (its _xfer_blocks, with the descriptor plumbing that
+    # register_kv_caches/handshake would set up stubbed as in vLLM's own push tests).
+    w.transfer_topo.block_size_ratio.return_value = 1
+    w._apply_prefix_caching = MagicMock(return_value=([[1]], [[1]]))
+    w._compute_desc_ids = MagicMock(return_value=[0])
+    w.dst_num_blocks = {"decode-engine": 8, w.engine_id: 8}
+    for eid in ("decode-engine", w.engine_id):
+        w.dst_region_num_blocks[eid] = [8]
+        w.dst_region_group_ids[eid] = [0]
+        w.dst_uses_region_group_mapping[eid] = False
+    w.nixl_wrapper._cycles_before_xfer_done = 10**9  # in progress
+    handle = w._xfer_blocks(
+        read_spec=ReadSpec(0, [[1]], [[1]]),
+        dst_engine_id="decode-engine",
+        request_id=rid,
+        remote_request_id="decode-req",
+        local_xfer_side_handle=1,
+        remote_xfer_side_handle=2,
+    )
+    assert handle is not None
+    with w._sending_transfers_lock:
+        w._sending_transfers[rid].append(handle)
+    time.sleep(1.1)
+    pd.steps(3)
+    assert pd.frees(rid) == 0, "source blocks freed at expiry while the WRITE reads them"
+    w.nixl_wrapper._cycles_before_xfer_done = 0  # the WRITE completes
+    pd.steps(3)
+    assert pd.frees(rid) == 1
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its metadata and metrics")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_events_travel_in_connector_metadata(default_vllm_config: Any, dist_init: Any) -> None:
+    """Fences reach the scheduler in vLLM's kv_connector_worker_meta and are counted."""
+    import kvfence.vllm as kv
+
+    before = kv.EVENTS.labels(event="fence")._value.get()
+    pd = PD("kv_consumer")
+    _decode_with_read(pd)
+    pd.worker.nixl_wrapper.check_xfer_state = lambda h: "ERR"
+    sched_conn = pd.sched.connector
+    seen: List[Any] = []
+    real = sched_conn.update_connector_output
+
+    def spy(o: Any) -> None:
+        if o.kv_connector_worker_meta is not None:
+            seen.append(o.kv_connector_worker_meta)
+        real(o)
+
+    sched_conn.update_connector_output = spy
+    pd.steps(3)
+    assert any(isinstance(m, kv.KvfenceWorkerMeta) and any(e[0] == "fence" for e in m.events)
+               for m in seen)
+    assert kv.EVENTS.labels(event="fence")._value.get() == before + 1
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its version check")
+def test_version_check_refuses_other_vllm() -> None:
+    """Any vLLM but 0.33.0 is refused at import with a clear message."""
+    import kvfence.vllm as kv
+
+    assert kv._check_version() == "0.33.0"
+    with patch.object(kv._metadata, "version", return_value="0.32.1"):
+        with pytest.raises(ImportError, match=r"supports vLLM 0\.33\.0 only.*found vLLM 0\.32\.1"):
+            kv._check_version()

@@ -1,0 +1,831 @@
+# mypy: disable-error-code="import-not-found, import-untyped"
+# (vLLM and prometheus_client are present only where the adapter runs: the package's own
+# stubtest and typed checks run without them.)
+"""kvfence inside vLLM 0.33.0: NIXL connectors whose blocks never go back on a timer.
+
+Load with::
+
+    KVTransferConfig(kv_connector="KvfenceNixlConnector",        # pull (READ), vLLM's default
+                     kv_connector_module_path="kvfence.vllm", ...)
+    KVTransferConfig(kv_connector="KvfenceNixlPushConnector",    # push (WRITE)
+                     kv_connector_module_path="kvfence.vllm", ...)
+
+The classes subclass vLLM's own NIXL classes (``NixlPullConnector``/``NixlPushConnector``
+and their ``NixlPullConnectorWorker``/``NixlPushConnectorWorker``) and override a few
+hooks; everything else is vLLM's code. What changes, on purpose:
+
+* **One kvfence** :class:`~kvfence.RoomTable` **per worker process** (gate mode: vLLM's
+  ``BlockPool`` keeps owning the blocks). A request gets a *send room* on the side whose
+  blocks are read/written as a source (prefill) and a *recv room* on the side whose blocks
+  are a destination (decode). Every posted NIXL handle is a kvfence transfer on its
+  request's room, with the remote engine's kvfence rank as its ``peer``: a decode READ
+  handle on the decode's recv room, a push WRITE handle on the prefill's send room. The
+  other side of each transfer, which posts no handle itself, holds one transfer for as
+  long as the remote may still move bytes: the pull prefill's "a decode may READ these
+  blocks" (ended by the decode's completion notification) and the push decode's "the
+  prefill may WRITE these blocks" (ended by the prefill's completion notifications).
+* A ``DONE`` handle completes its transfer; an error **fails** it: the handle is *kept*
+  (vLLM's own "retain the handle and blocks" path) and the request is not reported, until
+  the peer is fenced. vLLM's worker only reports a request in ``finished_sending`` /
+  ``finished_recving`` / ``failed_recving`` once kvfence has released its room, and
+  vLLM's scheduler frees the blocks on that report: the blocks go back exactly once.
+* **Time never frees a block.** A lapsed send lease (``_reap_expired_send_leases``: stock
+  reports the request as sent, so the scheduler frees blocks a decode READ may still be
+  reading) *aborts* the room instead: it is released when every transfer on it has ended.
+  In push mode, stock reports an expired request "even if their WRITEs finish later"; here
+  it is reported only once its WRITE handles have ended. A late completion notification
+  (stock: "Potentially invalid KV blocks ... may have expired") is then the ordinary end.
+* **A peer that is gone is fenced after its NIXL connection is torn down.** A failed
+  handle (``kvfence_on_failure="fence"``, the default) or a handle still posted after
+  ``kvfence_stuck_handle_s`` (default 300 s) makes the worker tear the peer down with
+  vLLM's own ``_cleanup_remote_engine`` (it calls ``remove_remote_agent`` for every agent
+  of that engine and drops its descriptors), and only *then* ``fence_rank`` the peer:
+  every transfer to it ends, the rooms are released, the requests are reported failed
+  (vLLM's ``failed_recving`` / ``kv_load_failure_policy`` path handles them as a load
+  failure) or sent. The proof used is the teardown itself: after ``remove_remote_agent``
+  NIXL has closed its backend connection to that agent (UCX endpoints closed), so no
+  handle through it can move bytes any more; a new handshake creates a new agent, which
+  gets a new kvfence rank. Any teardown vLLM does on its own (TTL eviction, replaced or
+  invalid peers, shutdown) fences the same way.
+* **Quarantine by policy** where no connection can be torn down: a pull prefill does not
+  know which decode READs its blocks (the READ is one-sided), so a lapsed room whose
+  decode never reports is quarantined after ``kvfence_quarantine_after_s`` (default 4x the
+  lease; ``0`` = hold for ever): its blocks are never freed (taken out of circulation,
+  counted) and the request is never reported. ``kvfence_on_failure="quarantine"``
+  quarantines a room with a failed handle instead of tearing its peer down; ``"hold"``
+  keeps it until something else fences the peer.
+* Every fence, quarantine, held lease and failed/stuck handle is logged (one line each, in
+  the worker) and sent to the scheduler process in vLLM's own connector metadata
+  (``build_connector_worker_meta`` -> ``KVConnectorOutput.kv_connector_worker_meta``,
+  aggregated across ranks by vLLM's ``KVOutputAggregator``), where it is counted in
+  ``prometheus_client`` metrics (``kvfence_vllm_events_total{event=...}``). Nothing
+  travels in a side channel: releases travel as vLLM's ``finished_*`` sets.
+
+Configuration: ``kv_connector_extra_config`` keys ``kvfence_rooms`` (table size, default
+65536), ``kvfence_stuck_handle_s``, ``kvfence_quarantine_after_s``, ``kvfence_on_failure``.
+
+Only vLLM ``0.33.0`` is supported: importing this module under any other version raises
+:class:`ImportError` (the hooks are private methods of vLLM's NIXL worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+
+SUPPORTED_VLLM = "0.33.0"
+
+
+def _check_version() -> str:
+    try:
+        found = _metadata.version("vllm")
+    except _metadata.PackageNotFoundError as e:  # pragma: no cover - env dependent
+        raise ImportError(
+            f"kvfence.vllm needs vLLM {SUPPORTED_VLLM}, which is not installed"
+        ) from e
+    if found != SUPPORTED_VLLM:
+        raise ImportError(
+            f"kvfence.vllm supports vLLM {SUPPORTED_VLLM} only (it overrides private "
+            f"hooks of vLLM's NIXL connector); found vLLM {found}. Install "
+            f"vllm=={SUPPORTED_VLLM} or a kvfence built for {found}."
+        )
+    return found
+
+
+_check_version()
+
+from prometheus_client import Counter  # noqa: E402  (after the version check)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (  # noqa: E402
+    NixlBaseConnector,
+    NixlPullConnector,
+    NixlPushConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
+    NixlConnectorMetadata,
+    ReqMeta,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import (  # noqa: E402
+    NixlPullConnectorWorker,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import (  # noqa: E402
+    NixlPushConnectorWorker,
+)
+
+import kvfence  # noqa: E402
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+
+__all__ = [
+    "SUPPORTED_VLLM",
+    "KvfenceNixlConnector",
+    "KvfenceNixlPushConnector",
+    "KvfencePullWorker",
+    "KvfencePushWorker",
+    "KvfenceWorkerMeta",
+    "EVENTS",
+]
+
+logger = logging.getLogger("kvfence.vllm")
+
+#: prometheus_client counter of kvfence decisions, counted in the scheduler process (from
+#: the workers' connector metadata). Labels: ``event`` in :data:`EVENT_NAMES`.
+EVENTS = Counter(
+    "kvfence_vllm_events",
+    "kvfence decisions in vLLM's NIXL connector (counted in the scheduler process)",
+    ["event"],
+)
+#: ``fence``: a peer torn down and fenced; ``quarantine``: a room quarantined (its blocks
+#: never freed); ``lease_held``: a lapsed lease that did not free blocks; ``handle_failed``;
+#: ``handle_stuck``: a handle still posted after ``kvfence_stuck_handle_s``;
+#: ``released_after_lapse``: a held room released once its transfers ended.
+EVENT_NAMES = (
+    "fence",
+    "quarantine",
+    "lease_held",
+    "handle_failed",
+    "handle_stuck",
+    "released_after_lapse",
+)
+
+
+@dataclass
+class KvfenceWorkerMeta(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: the kvfence events of one step (vLLM aggregates across ranks).
+
+    ``events`` holds ``(event, subject, detail)`` triples; ``event`` is one of
+    :data:`EVENT_NAMES`, ``subject`` a request id or a remote engine id.
+    """
+
+    events: List[Tuple[str, str, str]] = field(default_factory=list)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        """Concatenates the other rank's events (vLLM's ``KVOutputAggregator``)."""
+        if isinstance(other, KvfenceWorkerMeta):
+            return KvfenceWorkerMeta(self.events + other.events)
+        return self
+
+
+@dataclass
+class _Xfer:
+    """One kvfence transfer and what it stands for."""
+
+    x: kvfence.Transfer
+    req_id: str
+    side: str  # "send" or "recv": whose room
+    engine: Optional[str]  # remote engine id (None: unknown peer)
+    t0: float
+    failed: bool = False
+    released: bool = False  # its NIXL handle object was released (before a teardown)
+
+
+_SEND = "send"
+_RECV = "recv"
+_TOMBSTONES = 1 << 16  # released send requests remembered (a late WRITE is refused)
+
+
+class _KvfenceWorkerMixin:
+    """The kvfence hooks shared by the pull and push workers (see the module docs).
+
+    Mixed in front of a ``NixlBaseConnectorWorker`` subclass; the attributes it reads
+    (``_recving_transfers``, ``_reqs_to_send``, ...) are vLLM 0.33.0's.
+    """
+
+    # Declared for mypy: provided by vLLM's NixlBaseConnectorWorker.
+    _recving_transfers: Any
+    _recving_metadata: Dict[str, ReqMeta]
+    _recv_failures: Set[str]
+    _reqs_to_send: Dict[str, float]
+    _reqs_to_process: Set[str]
+    _remote_agents: Any
+
+    def _kvf_init(self, vllm_config: Optional["VllmConfig"]) -> None:
+        cfg = vllm_config.kv_transfer_config if vllm_config is not None else None
+
+        def extra(key: str, default: Any) -> Any:
+            return cfg.get_from_extra_config(key, default) if cfg is not None else default
+
+        lease = float(extra("kv_lease_duration", 30))
+        self._kvf_rooms = int(extra("kvfence_rooms", 65536))
+        self._kvf_stuck_s = float(extra("kvfence_stuck_handle_s", 300.0))
+        self._kvf_quarantine_s = float(extra("kvfence_quarantine_after_s", 4 * lease))
+        self._kvf_on_failure = str(extra("kvfence_on_failure", "fence"))
+        if self._kvf_on_failure not in ("fence", "quarantine", "hold"):
+            raise ValueError(
+                "kvfence_on_failure must be 'fence', 'quarantine' or 'hold', "
+                f"not {self._kvf_on_failure!r}"
+            )
+        if self._kvf_rooms <= 0 or self._kvf_stuck_s <= 0 or self._kvf_quarantine_s < 0:
+            raise ValueError(
+                "kvfence_rooms and kvfence_stuck_handle_s must be > 0, "
+                "kvfence_quarantine_after_s >= 0"
+            )
+        #: The process's one kvfence table (gate mode; released rooms are drained each step).
+        self.kvfence_table = kvfence.RoomTable(self._kvf_rooms)
+        self._kvf_lock = threading.RLock()  # the push writer thread shares the maps
+        self._kvf_room: Dict[Tuple[str, str], int] = {}  # (side, req) -> handle
+        self._kvf_req_of: Dict[int, Tuple[str, str]] = {}  # handle -> (side, req)
+        self._kvf_xfers: Dict[Any, _Xfer] = {}  # NIXL handle or (side, req) -> transfer
+        self._kvf_handles: Dict[Tuple[str, str], List[int]] = {}  # (side, req) -> handles
+        self._kvf_rank: Dict[str, int] = {}  # remote engine id -> kvfence rank
+        self._kvf_next_rank = 0
+        self._kvf_lapsed: Dict[str, float] = {}  # lapsed send rooms -> lapse time
+        self._kvf_to_fence: Dict[str, str] = {}  # engines to tear down -> why
+        self._kvf_held: Dict[Tuple[str, str], bool] = {}  # reported by vLLM, room held
+        # Send rooms released (reported sent), newest last: a late WRITE is not posted.
+        self._kvf_released_sends: Dict[str, None] = {}
+        self._kvf_events: List[Tuple[str, str, str]] = []
+        self._kvf_tls = threading.local()
+
+    def _kvf_ensure(self) -> None:
+        """Initialises kvfence's state if ``__init__`` was bypassed (``__new__`` in tests)."""
+        if "_kvf_lock" not in self.__dict__:
+            self._kvf_init(getattr(self, "vllm_config", None))
+
+    # ---------------------------------------------------------------- bookkeeping
+
+    def _kvf_event(self, event: str, subject: str, detail: str = "") -> None:
+        self._kvf_events.append((event, subject, detail))
+
+    def kvfence_take_events(self) -> Optional[KvfenceWorkerMeta]:
+        """The events since the last call, as connector metadata (None if none)."""
+        self._kvf_ensure()
+        with self._kvf_lock:
+            if not self._kvf_events:
+                return None
+            ev, self._kvf_events = self._kvf_events, []
+        return KvfenceWorkerMeta(ev)
+
+    def _kvf_rank_of(self, engine: Optional[str]) -> Optional[int]:
+        if engine is None:
+            return None
+        r = self._kvf_rank.get(engine)
+        if r is None:
+            r = self._kvf_next_rank
+            self._kvf_next_rank += 1
+            self._kvf_rank[engine] = r
+        return r
+
+    def _kvf_open(self, side: str, req_id: str) -> Optional[int]:
+        key = (side, req_id)
+        h = self._kvf_room.get(key)
+        if h is None:
+            try:
+                h = self.kvfence_table.open([])
+            except kvfence.TableFull:
+                logger.error(
+                    "kvfence: room table full (%d rooms): raise kvfence_rooms", self._kvf_rooms
+                )
+                raise
+            self._kvf_room[key] = h
+            self._kvf_req_of[h] = key
+        return h
+
+    def _kvf_begin(
+        self, key: Any, side: str, req_id: str, engine: Optional[str]
+    ) -> Optional[_Xfer]:
+        """Begins a transfer on the request's room; None if the room refuses (closing)."""
+        with self._kvf_lock:
+            h = self._kvf_open(side, req_id)
+            assert h is not None
+            try:
+                x = self.kvfence_table.begin_transfer(h, peer=self._kvf_rank_of(engine))
+            except (kvfence.RoomClosed, kvfence.StaleHandle):
+                return None
+            xf = _Xfer(x, req_id, side, engine, time.perf_counter())
+            self._kvf_xfers[key] = xf
+            if isinstance(key, int):
+                self._kvf_handles.setdefault((side, req_id), []).append(key)
+            return xf
+
+    def _kvf_complete(self, key: Any) -> None:
+        xf = self._kvf_xfers.pop(key, None)
+        if xf is not None and not xf.x.ended:
+            xf.x.complete()
+
+    def _kvf_close(self, side: str, req_id: str, abort: bool) -> None:
+        """Finishes (or aborts) the request's room; a room already closing is left as is."""
+        h = self._kvf_room.get((side, req_id))
+        if h is None:
+            return
+        try:
+            if abort:
+                self.kvfence_table.abort(h)
+            else:
+                self.kvfence_table.finish(h)
+        except (kvfence.RoomClosed, kvfence.StaleHandle):
+            pass
+
+    def _kvf_fail(self, key: Any, why: str) -> _Xfer:
+        """Fails a live transfer (outcome unknown) and applies ``kvfence_on_failure``."""
+        xf = self._kvf_xfers[key]
+        if not xf.failed:
+            xf.failed = True
+            if not xf.x.ended:
+                xf.x.fail()
+            self._kvf_event("handle_failed", xf.req_id, why)
+            if xf.side == _SEND:
+                # Push: the request's WRITE failed: it is over, release once drained.
+                self._kvf_close(_SEND, xf.req_id, abort=True)
+            if self._kvf_on_failure == "fence" and xf.engine is not None:
+                self._kvf_to_fence.setdefault(xf.engine, why)
+            elif self._kvf_on_failure == "quarantine" or xf.engine is None:
+                self._kvf_quarantine(xf.side, xf.req_id, why)
+        return xf
+
+    def _kvf_quarantine(self, side: str, req_id: str, why: str) -> None:
+        h = self._kvf_room.get((side, req_id))
+        if h is None:
+            return
+        try:
+            self.kvfence_table.quarantine(h)
+        except (kvfence.StaleHandle, kvfence.Error):
+            return
+        self._reqs_to_process.discard(req_id)  # a later notification changes nothing
+        logger.warning(
+            "kvfence: quarantined the %s blocks of request %s (%s): never freed", side, req_id, why
+        )
+        self._kvf_event("quarantine", req_id, why)
+
+    # ------------------------------------------------------- teardown, then fence
+
+    def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
+        """vLLM's teardown of a remote engine (``remove_remote_agent`` for each of its
+        agents), then kvfence's fence of its rank: every transfer to it ends."""
+        self._kvf_ensure()
+        super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)  # type: ignore[misc]
+        self._kvf_fence_engine(engine_id, self._kvf_to_fence.pop(engine_id, "teardown"))
+
+    def _kvf_fence_engine(self, engine_id: str, why: str) -> None:
+        with self._kvf_lock:
+            rank = self._kvf_rank.pop(engine_id, None)
+            if rank is None:
+                return
+            released = self.kvfence_table.fence_rank(rank)
+            ended: List[Tuple[Any, _Xfer]] = [
+                (k, xf) for k, xf in self._kvf_xfers.items() if xf.engine == engine_id
+            ]
+            for key, xf in ended:
+                del self._kvf_xfers[key]
+                if not xf.x.ended:
+                    xf.x.fail()  # its peer is fenced: ends at once
+                self._kvf_forget_handle(key, xf)
+            # The rank is retired (a new handshake gets a new one): nothing can name it.
+            self.kvfence_table.readmit_rank(rank)
+        logger.warning(
+            "kvfence: fenced remote engine %s (rank %d) after its NIXL agents were removed "
+            "(%s): %d transfer(s) ended, %d room(s) released",
+            engine_id,
+            rank,
+            why,
+            len(ended),
+            released,
+        )
+        self._kvf_event("fence", engine_id, why)
+
+    def _kvf_release_failed_handles(self, engine: str) -> bool:
+        """Releases the NIXL handle objects of the engine's failed transfers before its
+        teardown (vLLM never releases descriptors under a handle still in use); False if
+        one cannot be released yet (vLLM's ``_try_release_xfer_handle`` logs it)."""
+        with self._kvf_lock:
+            pending = [
+                (k, xf)
+                for k, xf in self._kvf_xfers.items()
+                if xf.engine == engine and xf.failed and not xf.released and isinstance(k, int)
+            ]
+        ok = True
+        for key, xf in pending:
+            if self._try_release_xfer_handle(xf.req_id, key):  # type: ignore[attr-defined]
+                xf.released = True
+            else:
+                ok = False
+        return ok
+
+    def _kvf_forget_handle(self, key: Any, xf: _Xfer) -> None:
+        """After a fence: drop a NIXL handle of the fenced peer from vLLM's tables and
+        mark its request failed, so that vLLM reports it once its room is released."""
+        if xf.side == _RECV:
+            if isinstance(key, int):
+                handles = self._recving_transfers.get(xf.req_id)
+                if handles is not None and key in handles:
+                    handles.remove(key)
+                    if not xf.released:
+                        self._kvf_release_nixl(xf.req_id, key)
+                    if not handles:
+                        del self._recving_transfers[xf.req_id]
+            self._recv_failures.add(xf.req_id)
+        else:
+            self._kvf_forget_send_handle(key, xf)
+
+    def _kvf_forget_send_handle(self, key: Any, xf: _Xfer) -> None:
+        """Push mode overrides this (its WRITE handles); pull has no send handles."""
+
+    def _kvf_release_nixl(self, req_id: str, handle: int) -> None:
+        try:
+            self.nixl_wrapper.release_xfer_handle(handle)  # type: ignore[attr-defined]
+        except Exception:  # the agent is gone: nothing left to release
+            logger.debug("kvfence: release of handle of %s after teardown failed", req_id)
+
+    # --------------------------------------------------------------- vLLM hooks
+
+    def _pop_done_transfers(
+        self, transfers: Dict[str, List[int]]
+    ) -> Tuple[Set[str], Set[str]]:
+        """vLLM's poll; the handles of each request it reports done (none left in
+        progress) complete their transfers. Per request, not per handle, so the step
+        costs O(requests done), not O(handles in flight): a handle that is DONE while a
+        sibling of its request is still in progress stays a live transfer until the
+        request is done (holding longer is the safe side)."""
+        self._kvf_ensure()
+        done, failed = super()._pop_done_transfers(transfers)  # type: ignore[misc]
+        if self._kvf_to_fence and transfers is self._recving_transfers:
+            # A handle failed in this poll: tear its peer down and fence it now, so that
+            # vLLM's failure report (which follows this poll) goes out in the same step.
+            self._kvf_teardowns()
+        if done:
+            side = _RECV if transfers is self._recving_transfers else _SEND
+            with self._kvf_lock:
+                for req_id in done:
+                    for handle in self._kvf_handles.pop((side, req_id), ()):
+                        xf = self._kvf_xfers.get(handle)
+                        if xf is None:
+                            continue
+                        if xf.failed:
+                            del self._kvf_xfers[handle]
+                        else:
+                            self._kvf_complete(handle)
+        return done, failed
+
+    def _handle_failed_transfer(
+        self,
+        req_id: str,
+        handle: Optional[int],
+        failed_req_ids: Optional[Set[str]] = None,
+        record_failed_transfer: bool = True,
+    ) -> bool:
+        """A failed handle fails its transfer and is *retained* until its peer is fenced
+        (returns False, vLLM's own "retain the handle and blocks" answer)."""
+        self._kvf_ensure()
+        with self._kvf_lock:
+            xf = self._kvf_xfers.get(handle) if handle is not None else None
+            if xf is None:
+                if handle is not None:
+                    self._kvf_tls.post_failed = True
+                return bool(
+                    super()._handle_failed_transfer(  # type: ignore[misc]
+                        req_id, handle, failed_req_ids, record_failed_transfer
+                    )
+                )
+            first = not xf.failed
+            self._kvf_fail(handle, "handle error")
+        # Bookkeeping only (metrics, failed set): the handle itself is kept.
+        super()._handle_failed_transfer(  # type: ignore[misc]
+            req_id, None, failed_req_ids, record_failed_transfer and first
+        )
+        return False
+
+    def _log_failure(self, failure_type: str, req_id: Optional[str], *args: Any, **kw: Any) -> None:
+        """vLLM's failure log, once per retained failed handle (not once per poll)."""
+        self._kvf_ensure()
+        if failure_type in ("transfer_failed", "transfer_exception") and req_id is not None:
+            for xf in self._kvf_xfers.values():
+                if xf.req_id == req_id and xf.failed:
+                    return
+        super()._log_failure(failure_type, req_id, *args, **kw)  # type: ignore[misc]
+
+    def _reap_expired_send_leases(self, done_sending: Set[str]) -> None:
+        """A lapsed lease aborts the send room; it frees nothing (stock: reported sent)."""
+        self._kvf_ensure()
+        if not self._reqs_to_send:
+            return
+        now = time.perf_counter()
+        expired = [r for r, t in self._reqs_to_send.items() if now >= t]
+        with self._kvf_lock:
+            for req_id in expired:
+                del self._reqs_to_send[req_id]
+                # Kept in _reqs_to_process: a late completion notif still ends the READ.
+                self._kvf_lapsed[req_id] = now
+                self._kvf_close(_SEND, req_id, abort=True)
+                logger.warning(
+                    "kvfence: lease of request %s lapsed; its blocks stay held until every "
+                    "transfer on them has ended (or its peer is fenced / it is quarantined)",
+                    req_id,
+                )
+                self._kvf_event("lease_held", req_id, "")
+
+    # ------------------------------------------------------------ per-step driver
+
+    def _kvf_policies(self) -> None:
+        """Stuck handles -> teardown; lapsed unreported rooms -> quarantine; teardowns."""
+        self._kvf_ensure()
+        now = time.perf_counter()
+        with self._kvf_lock:
+            for xf in self._kvf_xfers.values():
+                if now - xf.t0 < self._kvf_stuck_s:
+                    break  # insertion order = begin order
+                if xf.failed or xf.engine is None or xf.engine in self._kvf_to_fence:
+                    continue
+                logger.warning(
+                    "kvfence: a %s transfer of request %s to engine %s is still posted after "
+                    "%.0f s: tearing the peer down",
+                    xf.side,
+                    xf.req_id,
+                    xf.engine,
+                    now - xf.t0,
+                )
+                self._kvf_event("handle_stuck", xf.req_id, xf.engine)
+                self._kvf_to_fence[xf.engine] = "stuck handle"
+            if self._kvf_quarantine_s > 0:
+                for req_id, t in list(self._kvf_lapsed.items()):
+                    if now - t < self._kvf_quarantine_s:
+                        break
+                    del self._kvf_lapsed[req_id]
+                    self._kvf_quarantine(_SEND, req_id, "lapsed, never read back")
+        self._kvf_teardowns()
+
+    def _kvf_teardowns(self) -> None:
+        """Tears down (vLLM's ``_cleanup_remote_engine``) and fences each queued peer."""
+        hs_lock = getattr(self, "_handshake_lock", None)
+        if hs_lock is not None:
+            with hs_lock:
+                if getattr(self, "_handshake_futures", None):
+                    return  # as vLLM: no teardown while a handshake loads NIXL metadata
+        with self._kvf_lock:
+            todo = list(self._kvf_to_fence.items())
+        for engine, why in todo:
+            if not self._kvf_release_failed_handles(engine):
+                continue  # a failed handle is still in use: vLLM keeps descriptors; retry
+            if engine in self._remote_agents:
+                self._cleanup_remote_engine(engine, log_eviction=False)
+            else:  # no NIXL state left for it: already torn down
+                self._kvf_to_fence.pop(engine, None)
+                self._kvf_fence_engine(engine, why)
+
+    def _kvf_filter(self, results: KVConnectorTransferResults) -> KVConnectorTransferResults:
+        """Reports a request only once kvfence has released its room."""
+        self._kvf_ensure()
+        with self._kvf_lock:
+            for req_id in list(results.finished_sending):
+                key = (_SEND, req_id)
+                if key not in self._kvf_room:
+                    continue  # never tracked (e.g. no blocks): vLLM's answer stands
+                results.finished_sending.discard(req_id)
+                self._kvf_complete(key)  # pull: the decode's READ-done notification
+                self._kvf_close(_SEND, req_id, abort=False)
+            for req_id in list(results.finished_recving):
+                key = (_RECV, req_id)
+                if key not in self._kvf_room:
+                    continue
+                results.finished_recving.discard(req_id)
+                failed = req_id in results.failed_recving
+                results.failed_recving.discard(req_id)
+                if not failed:
+                    self._kvf_complete(key)  # push: the prefill's completion notifs
+                self._kvf_held[key] = failed
+                self._kvf_close(_RECV, req_id, abort=False)
+            for r in self.kvfence_table.drain_released():
+                side, req_id = self._kvf_req_of.pop(r.handle)
+                del self._kvf_room[(side, req_id)]
+                self._kvf_handles.pop((side, req_id), None)
+                if r.reason == "quarantined":
+                    self._kvf_held.pop((side, req_id), None)
+                    continue  # never freed
+                if side == _SEND:
+                    self._kvf_released_sends[req_id] = None
+                    if len(self._kvf_released_sends) > _TOMBSTONES:
+                        del self._kvf_released_sends[next(iter(self._kvf_released_sends))]
+                    if self._kvf_lapsed.pop(req_id, None) is not None:
+                        self._kvf_event("released_after_lapse", req_id, "")
+                    self._reqs_to_process.discard(req_id)
+                    self._reqs_to_send.pop(req_id, None)
+                    results.finished_sending.add(req_id)
+                else:
+                    failed = self._kvf_held.pop((_RECV, req_id), False)
+                    results.finished_recving.add(req_id)
+                    if failed:
+                        results.failed_recving.add(req_id)
+        return results
+
+    def _kvf_track_sends(self, metadata: NixlConnectorMetadata) -> None:
+        """Opens a send room for each request whose blocks now wait for a remote."""
+        self._kvf_ensure()
+        for req_id in metadata.reqs_to_send:
+            if req_id in self._reqs_to_send:
+                self._kvf_open_send(req_id)
+
+    def _kvf_open_send(self, req_id: str) -> None:
+        with self._kvf_lock:
+            self._kvf_open(_SEND, req_id)
+
+
+def _engine_of(meta: Optional[ReqMeta]) -> Optional[str]:
+    return meta.remote.engine_id if meta is not None and meta.remote is not None else None
+
+
+class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
+    """vLLM's pull (READ) worker with kvfence rooms (see the module docs)."""
+
+    def __init__(
+        self, vllm_config: "VllmConfig", engine_id: str, kv_cache_config: "KVCacheConfig"
+    ) -> None:
+        """As ``NixlPullConnectorWorker``; then the process's kvfence table."""
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        self._kvf_init(vllm_config)
+
+    def _kvf_open_send(self, req_id: str) -> None:
+        # Pull prefill: "a decode may READ these blocks", ended by its notification.
+        if (_SEND, req_id) not in self._kvf_room:
+            self._kvf_begin((_SEND, req_id), _SEND, req_id, None)
+
+    def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        """vLLM's; then a send room per request handed to a decode."""
+        self._kvf_ensure()
+        super().start_load_kv(metadata)
+        self._kvf_track_sends(metadata)
+
+    def _read_blocks_for_req(self, req_id: str, meta: ReqMeta) -> None:
+        """vLLM's READ posting; every handle it posted becomes a transfer (peer = the
+        prefill engine) on the request's recv room."""
+        self._kvf_ensure()
+        n0 = len(self._recving_transfers.get(req_id, ()))
+        try:
+            super()._read_blocks_for_req(req_id, meta)
+        finally:
+            handles = self._recving_transfers.get(req_id, [])
+            engine = _engine_of(meta)
+            for handle in handles[n0:]:
+                if handle not in self._kvf_xfers:
+                    self._kvf_begin(handle, _RECV, req_id, engine)
+
+    def get_transfer_results(self) -> KVConnectorTransferResults:
+        """Policies (teardown, quarantine), vLLM's poll, then kvfence's release gate."""
+        self._kvf_policies()
+        return self._kvf_filter(super().get_transfer_results())
+
+
+class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
+    """vLLM's push (WRITE) worker with kvfence rooms (see the module docs)."""
+
+    def __init__(
+        self, vllm_config: "VllmConfig", engine_id: str, kv_cache_config: "KVCacheConfig"
+    ) -> None:
+        """As ``NixlPushConnectorWorker``; then the process's kvfence table."""
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        self._kvf_init(vllm_config)
+
+    def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
+        """vLLM's; then send rooms (prefill) and "the prefill may WRITE" transfers
+        (decode, peer = the prefill engine) for the registrations sent this step."""
+        self._kvf_ensure()
+        super().start_load_kv(metadata)
+        self._kvf_track_sends(metadata)
+        for req_id in metadata.push_registrations or ():
+            key = (_RECV, req_id)
+            if key not in self._kvf_xfers and key not in self._kvf_room:
+                self._kvf_begin(key, _RECV, req_id, _engine_of(self._recving_metadata.get(req_id)))
+
+    def _xfer_blocks(self, *args: Any, **kwargs: Any) -> Optional[int]:
+        """Writer thread: a transfer (peer = the decode engine) begins *before* vLLM
+        posts the WRITE; a room already closing refuses it and nothing is posted."""
+        self._kvf_ensure()
+        request_id: str = kwargs["request_id"]
+        engine: str = kwargs["dst_engine_id"]
+        tmp = ("posting", request_id, threading.get_ident())
+        with self._kvf_lock:
+            # A request kvfence already released (reported sent) must not be posted again.
+            live = request_id not in self._kvf_released_sends
+            xf = self._kvf_begin(tmp, _SEND, request_id, engine) if live else None
+        if xf is None:
+            logger.info("kvfence: request %s is closing: its WRITE is not posted", request_id)
+            return None
+        self._kvf_tls.post_failed = False
+        try:
+            handle = super()._xfer_blocks(*args, **kwargs)
+        except BaseException:
+            with self._kvf_lock:
+                self._kvf_complete(tmp)  # raised before posting (lookups): nothing moved
+            raise
+        with self._kvf_lock:
+            mine = self._kvf_xfers.pop(tmp, None)
+            if mine is None:
+                pass  # a fence swept it meanwhile: the teardown covers this WRITE
+            elif handle is not None:
+                self._kvf_xfers[handle] = mine
+                self._kvf_handles.setdefault((_SEND, request_id), []).append(handle)
+            elif getattr(self._kvf_tls, "post_failed", False):
+                self._kvf_xfers[("failed", request_id, id(xf))] = mine
+                self._kvf_fail(("failed", request_id, id(xf)), "WRITE post failed")
+            else:
+                mine.x.complete()  # nothing was submitted
+        return handle
+
+    def _kvf_forget_send_handle(self, key: Any, xf: _Xfer) -> None:
+        # _sending_transfers is shared with the writer thread (vLLM's lock; never taken
+        # while the writer waits for kvfence's lock, so the order cannot deadlock).
+        with self._sending_transfers_lock:
+            if isinstance(key, int):
+                handles = self._sending_transfers.get(xf.req_id)
+                if handles is not None and key in handles:
+                    handles.remove(key)
+                    if not xf.released:
+                        self._kvf_release_nixl(xf.req_id, key)
+                    if not handles:
+                        del self._sending_transfers[xf.req_id]
+            self._send_failures.add(xf.req_id)
+
+    def get_transfer_results(self) -> KVConnectorTransferResults:
+        """Policies, vLLM's poll (its expired-lease reports never happen here), then
+        kvfence's release gate."""
+        self._kvf_policies()
+        raw = super().get_transfer_results()
+        evicted = set(raw.finished_sending)  # vLLM evicted the writer's state of these
+        results = self._kvf_filter(raw)
+        # What kvfence reports later (a lapsed lease, a fenced peer): evict it now.
+        late = results.finished_sending - evicted
+        for req_id in late:
+            self._evict_finished_inbox.put(req_id)
+        if late:
+            self._push_writer_wake.set()
+        return results
+
+
+class _KvfenceConnectorMixin:
+    """Connector-level glue: builds kvfence's worker instead of vLLM's (skipping the
+    stock worker's construction), ships events up, counts them in the scheduler."""
+
+    connector_worker: Any
+
+    def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
+        """The worker's kvfence events of this step (vLLM's connector metadata)."""
+        w = self.connector_worker
+        return w.kvfence_take_events() if isinstance(w, _KvfenceWorkerMixin) else None
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        """vLLM's; then counts the aggregated kvfence events (scheduler process)."""
+        super().update_connector_output(connector_output)  # type: ignore[misc]
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KvfenceWorkerMeta):
+            for event, _subject, _detail in meta.events:
+                EVENTS.labels(event=event).inc()
+
+
+class KvfenceNixlConnector(_KvfenceConnectorMixin, NixlPullConnector):
+    """vLLM's ``NixlConnector`` (pull, decode READs) with kvfence's worker."""
+
+    def __init__(
+        self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
+    ) -> None:
+        """``NixlBaseConnector``'s checks, then vLLM's scheduler and kvfence's worker."""
+        NixlBaseConnector.__init__(self, vllm_config, role, kv_cache_config)
+        # NixlPullConnector.__init__ only builds these two; building vLLM's worker first
+        # would create a second NIXL agent.
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
+            NixlPullConnectorScheduler,
+        )
+
+        if role == KVConnectorRole.SCHEDULER:
+            self.connector_scheduler = NixlPullConnectorScheduler(
+                vllm_config, self.engine_id, kv_cache_config
+            )
+            self.connector_worker = None
+        elif role == KVConnectorRole.WORKER:
+            self.connector_scheduler = None
+            self.connector_worker = KvfencePullWorker(vllm_config, self.engine_id, kv_cache_config)
+
+
+class KvfenceNixlPushConnector(_KvfenceConnectorMixin, NixlPushConnector):
+    """vLLM's ``NixlPushConnector`` (prefill WRITEs) with kvfence's worker."""
+
+    def __init__(
+        self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig"
+    ) -> None:
+        """``NixlBaseConnector``'s checks and the push precondition, then vLLM's
+        scheduler and kvfence's worker."""
+        NixlBaseConnector.__init__(self, vllm_config, role, kv_cache_config)
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import (
+            NixlPushConnectorScheduler,
+        )
+
+        if vllm_config.parallel_config.decode_context_parallel_size > 1:
+            raise ValueError("NixlPushConnector does not support decode_context_parallel_size > 1.")
+        self.connector_scheduler = None
+        self.connector_worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.connector_scheduler = NixlPushConnectorScheduler(
+                vllm_config, self.engine_id, kv_cache_config
+            )
+        elif role == KVConnectorRole.WORKER:
+            self.connector_worker = KvfencePushWorker(vllm_config, self.engine_id, kv_cache_config)
+        else:
+            raise ValueError(f"Unsupported KVConnectorRole: {role}")
