@@ -67,7 +67,7 @@ impl RoomTable {
             Ok(Closed::Released(reason)) => return Ok(self.release(index, gen, reason)),
             Ok(Closed::Stamp) => {
                 // Quarantining a live room closes it: its closing time counts from now.
-                self.stamp_closed(index, gen);
+                self.stamp_closed(index);
                 true
             }
             Ok(Closed::Held) => false,

@@ -301,8 +301,7 @@ impl RoomTable {
     /// Stores lifecycle `gen`'s closing time. Only the holder of the room's stamp hold
     /// calls this (see `room_word.rs`): the room cannot be released meanwhile, so the store
     /// lands in its own lifecycle.
-    pub(crate) fn stamp_closed(&self, index: usize, gen: u32) {
-        let _ = gen;
+    pub(crate) fn stamp_closed(&self, index: usize) {
         self.slots[index]
             .0
             .closed_ms

@@ -467,7 +467,7 @@ impl RoomTable {
             Ok(Closed::Stamp) => {
                 // We hold the stamp hold: the room cannot be released (and reopened) before
                 // we drop it, so the time lands in this lifecycle. The drop may release it.
-                self.stamp_closed(index, gen);
+                self.stamp_closed(index);
                 Ok(self.drop_hold(index, gen, Hold::Stamp))
             }
             // An abort of a draining room keeps the time it began closing.
