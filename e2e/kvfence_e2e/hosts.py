@@ -376,7 +376,9 @@ def write_teardown_report(a, doc, results):
               "queues seen empty twice, 1 ms apart, with the filter in place; *abort and "
               "proof* = one `ss -K` (fork + exec) and a scan of /proc/net/tcp{,6}. On this "
               "loaded 2-core box most of it is process start-up and scheduling; the "
-              "median is the figure the simulator takes as its default `--teardown-ms`."]
+              "median is the figure the simulator takes as its default teardown "
+              "(`MEASURED_TEARDOWN_MS`, started at detection and divided by `--time-scale` "
+              "like the other peer times: `kvfence-sim --help`)."]
     with open(a.teardown_report + ".json", "w") as f:
         json.dump(rep, f, indent=1)
     with open(a.teardown_report + ".md", "w") as f:

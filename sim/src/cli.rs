@@ -215,24 +215,28 @@ pub struct SimArgs {
     /// The rules that trust the detector free a dead rank's rooms then.
     #[arg(long, value_name = "MS", help_heading = PEERS)]
     pub detect_ms: Option<u64>,
-    /// Rank death -> its transport torn down (then kvfence fences it), wall ms, not scaled
+    /// Rank death -> its transport torn down (then kvfence fences it), wall ms from the death
     #[arg(
         long,
         value_name = "MS",
         help_heading = PEERS,
         help = concat!(
-            "Rank death -> its transport torn down (then kvfence fences it), wall ms, not ",
-            "scaled [default: ", measured_teardown_ms!(), ", measured; soak: 30]"
+            "Rank death -> its transport torn down (then kvfence fences it), wall ms from the ",
+            "death [default: detection + ", measured_teardown_ms!(), " ms measured / ",
+            "time-scale = 101.65; soak: 30]"
         ),
         long_help = concat!(
-            "Rank death -> its transport torn down (then kvfence fences it), wall ms, not ",
-            "scaled [default: ", measured_teardown_ms!(), ", measured; soak: 30]\n\n",
+            "Rank death -> its transport torn down (then kvfence fences it), wall ms from the ",
+            "death [default: detection + ", measured_teardown_ms!(), " ms measured / ",
+            "time-scale = 101.65; soak: 30]\n\n",
             "The default is the measured time the decode needs to prove on its own that a ",
             "dead peer's transport is gone (\"declare the peer dead\" -> \"proven torn down\"), ",
             "on the real engine over Mooncake TCP; source: e2e/hosts/TEARDOWN.md ",
-            "(MEASURED_TEARDOWN_MS: the median of 178 tries, min 64, p90 237, max 347 ms, ",
-            "measured from \"declared dead\"; run here from the death, unscaled: conservative). ",
-            "The 30 s assumed before: --teardown assumed-30s."
+            "(MEASURED_TEARDOWN_MS: the median of 178 tries, min 64, p90 237, max 347 ms). ",
+            "It starts when the detector declares the rank dead, and runs on the peers' clock ",
+            "like the detector and the death period (divided by --time-scale), so a dead ",
+            "rank's pages are held for the deployment's share of the time. ",
+            "The 30 s assumed before: --teardown assumed-30s (from the death, scaled)."
         ),
         conflicts_with = "teardown"
     )]
@@ -443,7 +447,6 @@ impl SimArgs {
             vllm_timeout_s,
             heartbeat_s,
             heartbeat_failures,
-            teardown_ms,
             abort_rate,
             death_period_ms,
             ack_delay_us,
@@ -463,10 +466,13 @@ impl SimArgs {
         if self.detect_ms.is_some() {
             cfg.detect_ms = self.detect_ms;
         }
+        if self.teardown_ms.is_some() {
+            cfg.teardown_ms = self.teardown_ms;
+        }
         match self.teardown {
-            Some(TeardownPreset::Measured) => cfg.teardown_ms = crate::config::MEASURED_TEARDOWN_MS,
+            Some(TeardownPreset::Measured) => cfg.teardown_ms = None,
             // After --time-scale: the assumed 30 s is peer time.
-            Some(TeardownPreset::Assumed30s) => cfg.teardown_ms = cfg.assumed_teardown_ms(),
+            Some(TeardownPreset::Assumed30s) => cfg.teardown_ms = Some(cfg.assumed_teardown_ms()),
             None => {}
         }
         cfg.prefill_check = !self.no_prefill_check;
@@ -712,8 +718,10 @@ mod tests {
             sim(c).heartbeat_failures == 3
         }),
         ("", "--detect-ms 22", |c| sim(c).detect_ms == Some(22)),
-        ("", "--teardown-ms 23", |c| sim(c).teardown_ms == 23),
-        ("", "--teardown assumed-30s", |c| sim(c).teardown_ms == 300),
+        ("", "--teardown-ms 23", |c| sim(c).teardown_ms == Some(23)),
+        ("", "--teardown assumed-30s", |c| {
+            sim(c).teardown_ms == Some(300)
+        }),
         ("", "--abort-rate 0.3", |c| sim(c).abort_rate == 0.3),
         ("", "--death-period-ms 2400", |c| {
             sim(c).death_period_ms == 2400
@@ -770,7 +778,7 @@ mod tests {
             matches!(c, Command::Soak { json: true, .. })
         }),
         ("soak", "--teardown measured", |c| {
-            sim(c).teardown_ms == crate::config::MEASURED_TEARDOWN_MS
+            sim(c).teardown_ms.is_none()
         }),
     ];
 
@@ -857,7 +865,7 @@ mod tests {
     fn documented_defaults_are_the_real_ones() {
         // Given its documented default, each flag leaves the config as it is without it.
         // Described (not literal) defaults are checked by the named tests.
-        let described = ["rules", "detect-ms"];
+        let described = ["rules", "detect-ms", "teardown-ms"];
         let cmd = Cli::command();
         let mut checked = 0;
         for sub in ["run", "bench", "soak", "repro"] {
@@ -900,19 +908,43 @@ mod tests {
     #[test]
     fn teardown_default_is_the_measured_constant_and_named_in_help() {
         use crate::config::{MEASURED_TEARDOWN_MS, TEARDOWN_SOURCE};
-        assert_eq!(SimConfig::default().teardown_ms, MEASURED_TEARDOWN_MS);
-        assert_eq!(cfg_of("").teardown_ms, MEASURED_TEARDOWN_MS);
+        use std::time::Duration;
+        assert_eq!(SimConfig::default().teardown_ms, None);
+        assert_eq!(cfg_of("").teardown_ms, None);
+        // The measured teardown starts at detection and runs on the peers' clock.
+        let scaled = |ms: f64| Duration::from_secs_f64(ms / 1000.0);
+        let d = cfg_of("");
+        assert_eq!(
+            d.teardown(),
+            d.detect() + scaled(MEASURED_TEARDOWN_MS as f64 / 100.0)
+        );
+        assert_eq!(d.teardown(), scaled(101.65), "the figure --help names");
+        let d = cfg_of("--time-scale 10");
+        assert_eq!(
+            d.teardown(),
+            scaled(1000.0 + MEASURED_TEARDOWN_MS as f64 / 10.0)
+        );
+        let d = cfg_of("--detect-ms 40");
+        assert_eq!(
+            d.teardown(),
+            scaled(40.0 + MEASURED_TEARDOWN_MS as f64 / 100.0)
+        );
+        assert_eq!(cfg_of("--teardown-ms 7").teardown(), scaled(7.0));
+        assert_eq!(cfg_of("soak").teardown_ms, Some(30), "--help: soak: 30");
+        assert_eq!(cfg_of("soak --teardown-ms 30"), cfg_of("soak"));
         let help = Cli::command().render_long_help().to_string();
         assert!(
             help.contains(TEARDOWN_SOURCE),
             "--help names the teardown's source"
         );
-        assert!(help.contains(&format!("[default: {MEASURED_TEARDOWN_MS}, measured")));
+        assert!(help.contains(&format!(
+            "[default: detection + {MEASURED_TEARDOWN_MS} ms measured / time-scale = 101.65"
+        )));
         // The preset keeps the assumed 30 s of peer time, scaled like the peers' times.
-        assert_eq!(cfg_of("--teardown assumed-30s").teardown_ms, 300);
+        assert_eq!(cfg_of("--teardown assumed-30s").teardown_ms, Some(300));
         assert_eq!(
             cfg_of("--teardown assumed-30s --time-scale 1000").teardown_ms,
-            30
+            Some(30)
         );
         assert!(parse(&args("--teardown assumed-30s --teardown-ms 4")).is_err());
     }

@@ -17,14 +17,18 @@ pub(crate) use measured_teardown_ms;
 pub const TEARDOWN_SOURCE: &str = "e2e/hosts/TEARDOWN.md";
 
 #[doc = concat!(
-    "Default `--teardown-ms`: ", measured_teardown_ms!(), " ms, the time the decode needs to ",
+    "The measured teardown: ", measured_teardown_ms!(), " ms, the time the decode needs to ",
     "prove on its own that a dead peer's transport is torn down (from \"declare the peer ",
     "dead\" to \"proven torn down\", the local fence of issue 22 item 2), measured on the ",
     "real engine over Mooncake TCP: `e2e/hosts/TEARDOWN.md` (the median of 178 tries on ",
-    "network-namespace hosts: min 64, p90 237, max 347 ms). Measured from \"declared dead\"; ",
-    "the simulator runs it from the rank's death, unscaled, which is conservative: the faithful ",
-    "hold, detection (10 s / `--time-scale`) plus 165 ms / `--time-scale`, is shorter at every ",
-    "scale >= 1. A wall time, not divided by `--time-scale`."
+    "network-namespace hosts: min 64, p90 237, max 347 ms).\n\n",
+    "The default teardown ([`SimConfig::teardown`]) places it where it happens: after the ",
+    "failure detector declared the rank dead, and on the peers' clock, divided by ",
+    "`--time-scale` like the detector, the death period and the 30 s it replaces. Every ",
+    "duration that decides how long a dead rank's pages are held (detection + teardown) and ",
+    "how often (the death period) is then compressed by the same factor, so the share of ",
+    "time a rank's rooms are held is the deployment's. (Left unscaled, 165 ms against a ",
+    "scaled 100 ms detector and a 1.5 s death period would overstate that share 1.6x.)"
 )]
 pub const MEASURED_TEARDOWN_MS: u64 = measured_teardown_ms!();
 
@@ -144,8 +148,9 @@ pub struct SimConfig {
     pub death_period_ms: u64,
     /// Time from a rank's death to the teardown of its transport (no write of the dead
     /// incarnation lands afterwards; kvfence fences the rank then), wall ms, not scaled by
-    /// `time_scale`. Default [`MEASURED_TEARDOWN_MS`] (see there why from the death).
-    pub teardown_ms: u64,
+    /// `time_scale`. `None` (the default): the measured teardown, after detection and on
+    /// the peers' clock ([`SimConfig::teardown`], [`MEASURED_TEARDOWN_MS`]).
+    pub teardown_ms: Option<u64>,
     /// Dead-rank detection time (the engine's failure detector); `None`: derived from the
     /// heartbeat settings and `time_scale`.
     pub detect_ms: Option<u64>,
@@ -207,7 +212,7 @@ impl Default for SimConfig {
             stale_intent_rate: 0.2,
             abort_retry_ms: 20,
             death_period_ms: 1500,
-            teardown_ms: MEASURED_TEARDOWN_MS,
+            teardown_ms: None,
             detect_ms: None,
             time_scale: 100.0,
             heartbeat_s: 5.0,
@@ -272,7 +277,7 @@ impl SimConfig {
         self.wait_timeout_ms = 50;
         self.death_period_ms = 300;
         self.detect_ms = Some(10);
-        self.teardown_ms = 30;
+        self.teardown_ms = Some(30);
         self.quarantine_ms = 10;
         self.fail_rate = 0.0002;
         self.max_requests = Some(10_000_000);
@@ -334,9 +339,6 @@ impl SimConfig {
                 "--fan-in must be in 1..=prefill ranks ({}), got {}",
                 self.prefill_ranks, self.fan_in
             ));
-        }
-        if self.death_period_ms > 0 && self.teardown_ms >= self.death_period_ms {
-            return Err("--teardown-ms must be below --death-period-ms".into());
         }
         if self.rooms == 0 || self.rooms > 65536 {
             return Err(format!("--rooms must be in 1..=65536, got {}", self.rooms));
@@ -404,10 +406,42 @@ impl SimConfig {
         if self.abort_retry_ms == 0 || self.wait_timeout_ms == 0 {
             return Err("--abort-retry-ms and --wait-timeout-ms must be positive".into());
         }
+        // Last: the default teardown is derived from the peer times checked above.
+        if self.death_period_ms > 0
+            && self.teardown() >= Duration::from_millis(self.death_period_ms)
+        {
+            return Err(format!(
+                "--teardown-ms must be below --death-period-ms ({} ms), got {} ms{}",
+                self.death_period_ms,
+                self.teardown().as_secs_f64() * 1000.0,
+                if self.teardown_ms.is_none() {
+                    " (detection + the measured teardown)"
+                } else {
+                    ""
+                }
+            ));
+        }
         Ok(())
     }
 
-    /// `--teardown assumed-30s`: [`ASSUMED_TEARDOWN_S`] divided by `time_scale`, ms.
+    /// Rank death -> its transport proven torn down (kvfence fences it then): `--teardown-ms`
+    /// as given (wall ms from the death), or by default the detector's time plus the measured
+    /// teardown on the peers' clock, [`MEASURED_TEARDOWN_MS`] / `time_scale` (101.65 ms at
+    /// the defaults; see [`MEASURED_TEARDOWN_MS`] why).
+    pub fn teardown(&self) -> Duration {
+        match self.teardown_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => {
+                self.detect()
+                    + Duration::from_secs_f64(
+                        MEASURED_TEARDOWN_MS as f64 / 1000.0 / self.time_scale,
+                    )
+            }
+        }
+    }
+
+    /// `--teardown assumed-30s`: [`ASSUMED_TEARDOWN_S`] divided by `time_scale`, ms from
+    /// the death (the old default's placement, kept as it was).
     pub fn assumed_teardown_ms(&self) -> u64 {
         (ASSUMED_TEARDOWN_S * 1000.0 / self.time_scale).round() as u64
     }

@@ -8,7 +8,8 @@
 //!
 //! Rank deaths: a rank hangs; the engine's failure detector declares it dead after
 //! `detect` (the rules that trust the detector free its rooms then, as SGLang does); its
-//! transport is torn down after `teardown_ms` (kvfence fences it then); it restarts.
+//! transport is torn down at `cfg.teardown()` after the death (kvfence fences it then); it
+//! restarts.
 //! Failed transfers: the request is aborted; a room still held by a failed transfer after
 //! `quarantine_ms` is quarantined: its pages leave circulation until every rank it waited
 //! on has been torn down.
@@ -484,7 +485,8 @@ pub fn decode_loop(
         None => start + open_for,
     };
     let grace = Duration::from_secs(5)
-        + Duration::from_millis(cfg.teardown_ms * 2 + cfg.quarantine_ms)
+        + cfg.teardown() * 2
+        + Duration::from_millis(cfg.quarantine_ms)
         + cfg.detect();
     let mut hard_end = open_until + grace;
     let period = Duration::from_millis(cfg.death_period_ms);
@@ -591,7 +593,7 @@ pub fn decode_loop(
                         .dead
                         .store(true, Ordering::Release);
                     detection = Some((now + cfg.detect(), victim));
-                    teardown = Some((now + Duration::from_millis(cfg.teardown_ms), victim));
+                    teardown = Some((now + cfg.teardown(), victim));
                     next_death = Some(at + period);
                 }
             }

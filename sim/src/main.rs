@@ -92,9 +92,9 @@ fn header(cfg: &SimConfig) -> String {
         cfg.detect().as_millis(),
         cfg.heartbeat_s,
         cfg.heartbeat_failures,
-        cfg.teardown_ms,
-        if cfg.teardown_ms == MEASURED_TEARDOWN_MS {
-            format!(" (measured: {TEARDOWN_SOURCE})")
+        cfg.teardown().as_secs_f64() * 1000.0,
+        if cfg.teardown_ms.is_none() {
+            format!(" (detection + {MEASURED_TEARDOWN_MS} ms measured / scale: {TEARDOWN_SOURCE})")
         } else {
             String::new()
         },

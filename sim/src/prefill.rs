@@ -298,7 +298,9 @@ impl<'t> Rank<'t> {
             self.c.failed += 1;
             let released = f.guard.and_then(TransferGuard::fail).is_some();
             if self.rng.chance(self.cfg.fail_lands) {
-                let late = self.rng.range(0, self.cfg.teardown_ms.max(1) * 1000);
+                let late = self
+                    .rng
+                    .range(0, (self.cfg.teardown().as_micros() as u64).max(1000));
                 self.ghosts.push(Ghost {
                     req: f.req,
                     pages: f.pages,
@@ -421,7 +423,7 @@ pub fn rank_main(
         reqs: HashMap::new(),
         c: RankCounters::default(),
     };
-    let stall_max_us = cfg.teardown_ms * 1500;
+    let stall_max_us = cfg.teardown().as_micros() as u64 * 3 / 2;
     let mut stalled = false;
     let mut held_msg: Option<ToRank> = None;
     loop {
