@@ -313,6 +313,13 @@ class Decode:
                 rec.corrupt = True
 
     # ---------------- the scheduler loop ----------------
+    def drain(self):
+        """Frees every release kvfence decided since the last drain, exactly once."""
+        for r in self.table.drain_released():
+            rec = self.recs.get(r.token)
+            if rec is not None:
+                self.release(rec, quarantined=(r.reason == "quarantined"))
+
     def step(self, wait=0.001):
         try:
             ev = self.events.get(timeout=wait)
@@ -329,10 +336,7 @@ class Decode:
         if self.table is not None:
             if not self.hosts:
                 self.try_fence()
-            for r in self.table.drain_released():  # every release, exactly once
-                rec = self.recs.get(r.token)
-                if rec is not None:
-                    self.release(rec, quarantined=(r.reason == "quarantined"))
+            self.drain()
         elif self.timeout is not None:
             for rec in list(self.recs.values()):
                 if rec.state == ABORTING and (rec.acks >= set(rec.lranks)
@@ -355,6 +359,10 @@ class Decode:
                 self.abort(rec)
             if rec.state == ABORTING and not rec.released:
                 held += len(rec.pages)
+        if self.table is not None:
+            # The requests finished in this step: their pages are free before the next
+            # admission, as the stock rules free them inline.
+            self.drain()
         self.m["peak_pages_held_awaiting_drain"] = max(
             self.m["peak_pages_held_awaiting_drain"], held)
         return held
