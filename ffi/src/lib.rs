@@ -379,8 +379,6 @@ enum Last {
 
 thread_local! {
     static LAST: Cell<Last> = const { Cell::new(Last::None) };
-    /// `kvfence_drain_released`'s buffer, reused by each thread's drains.
-    static SCRATCH: Cell<Vec<Released>> = const { Cell::new(Vec::new()) };
 }
 
 #[cfg(test)]
@@ -397,6 +395,15 @@ impl From<Error> for Fail {
         LAST.with(|l| l.set(Last::Core(e)));
         Fail(status_of(e))
     }
+}
+
+/// `Fail::from` of a core error behind a reference, out of line: a hot function that
+/// matches `Err(ref e) => return Err(failed(e))` does not load the error's payload on its
+/// success path (a `?` there made LLVM copy it out of the result, unaligned, on every call).
+#[cold]
+#[inline(never)]
+fn failed(e: &Error) -> Fail {
+    Fail::from(*e)
 }
 
 /// A boundary refusal with its explanation.
@@ -486,6 +493,30 @@ fn check<T>(p: *const T) -> Result<(), Fail> {
         ));
     }
     Ok(())
+}
+
+/// Whether `check(p)` passes, without recording anything: the hot functions test all their
+/// pointers with one branch (`checks!`) and run the `check`s only to report a failure.
+#[inline(always)]
+fn valid<T>(p: *const T) -> bool {
+    // MUTATION (test-only, `--cfg kvfence_ffi_no_null_check`): NULL goes through.
+    (!p.is_null() | cfg!(kvfence_ffi_no_null_check)) & ((p as usize) % align_of::<T>() == 0)
+}
+
+/// The path of a refused pointer (kept out of the hot functions' straight line).
+#[cold]
+#[inline(never)]
+fn refused_pointer() {}
+
+/// `check(p)?` of each pointer, in order (the first failure is the one reported): on the
+/// path where every pointer is valid, two tests per pointer and nothing recorded.
+macro_rules! checks {
+    ($($p:expr),+ $(,)?) => {
+        if false $(|| !valid($p))+ {
+            refused_pointer();
+            $(check($p)?;)+
+        }
+    };
 }
 
 /// Checks a `(pointer, length)` pair's length and pointer (length 0: any pointer).
@@ -661,19 +692,34 @@ impl kvfence_table {
     }
 
     /// Puts a release into the caller's output (`*out` was checked).
+    #[inline(always)]
     fn deliver(out: *mut kvfence_release, r: Option<Released>) {
         match r {
-            // SAFETY: every caller checked `out` with `check` first.
-            Some(r) => unsafe { put(out, c_release(r)) },
-            // No release: only the reason is written (the other fields are unspecified;
-            // one store instead of seven on the hot path of every ACK and transfer end).
-            // SAFETY: as above; `reason` is a u32-sized field of `*out`.
-            None => unsafe {
-                put(
-                    ptr::addr_of_mut!((*out).reason).cast::<u32>(),
-                    kvfence_reason::KVFENCE_REASON_NONE as u32,
-                )
-            },
+            Some(r) => Self::deliver_some(out, r),
+            None => Self::deliver_none(out),
+        }
+    }
+
+    /// Puts a release into the caller's output (`*out` was checked). Out of line: the
+    /// callers' path that releases nothing (most ACKs and transfer ends) then needs fewer
+    /// registers (a shorter prologue).
+    #[inline(never)]
+    fn deliver_some(out: *mut kvfence_release, r: Released) {
+        // SAFETY: every caller checked `out` with `check` first.
+        unsafe { put(out, c_release(r)) }
+    }
+
+    /// No release: only the reason is written (the other fields are unspecified; one store
+    /// instead of seven on the hot path of every ACK and transfer end).
+    #[inline(always)]
+    fn deliver_none(out: *mut kvfence_release) {
+        // SAFETY: every caller checked `out` with `check` first; `reason` is a u32-sized
+        // field of `*out`.
+        unsafe {
+            put(
+                ptr::addr_of_mut!((*out).reason).cast::<u32>(),
+                kvfence_reason::KVFENCE_REASON_NONE as u32,
+            )
         }
     }
 }
@@ -1164,10 +1210,11 @@ pub unsafe extern "C" fn kvfence_open_gate(
     handle: *mut kvfence_handle,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
+        checks!(table);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         check_slice(writers, nwriters)?;
-        check(handle)?;
+        checks!(handle);
         if npages > core_kvfence::MAX_PAGES {
             // Before the copy: a huge length is refused without reading the array.
             return Err(Error::TooManyPagesInRoom.into());
@@ -1178,7 +1225,10 @@ pub unsafe extern "C" fn kvfence_open_gate(
         }
         // SAFETY: checked; valid by contract.
         let (writers, pages) = unsafe { (input(writers, nwriters), input(pages, npages)) };
-        let h = t.inner.open_gate(writers, token, pages.to_vec())?;
+        let h = match t.inner.open_gate(writers, token, pages.to_vec()) {
+            Ok(h) => h,
+            Err(ref e) => return Err(failed(e)),
+        };
         // SAFETY: checked.
         unsafe { put(handle, c_handle(h)) };
         Ok(())
@@ -1318,11 +1368,14 @@ pub unsafe extern "C" fn kvfence_begin(
     token: *mut kvfence_token,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(token)?;
+        checks!(table, token);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         let peer = (peer != KVFENCE_NO_PEER).then_some(peer);
-        let tok = t.inner.begin(handle_of(handle), peer)?;
+        let tok = match t.inner.begin(handle_of(handle), peer) {
+            Ok(tok) => tok,
+            Err(ref e) => return Err(failed(e)),
+        };
         // SAFETY: checked.
         unsafe { put(token, c_token(tok)) };
         Ok(())
@@ -1348,12 +1401,15 @@ pub unsafe extern "C" fn kvfence_end(
     release: *mut kvfence_release,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(release)?;
+        checks!(table, release);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         let outcome = outcome_of(outcome)?;
-        let r = t.inner.end(token_of(token), outcome)?;
-        kvfence_table::deliver(release, r);
+        match t.inner.end(token_of(token), outcome) {
+            Ok(None) => kvfence_table::deliver_none(release),
+            Ok(Some(r)) => kvfence_table::deliver_some(release, r),
+            Err(ref e) => return Err(failed(e)),
+        }
         Ok(())
     })
 }
@@ -1407,17 +1463,22 @@ pub unsafe extern "C" fn kvfence_quiesce(
     release: *mut kvfence_release,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(result)?;
-        check(release)?;
-        let (what, r) = match t.inner.quiesce(handle_of(handle), rank)? {
-            Quiesced::Recorded => (kvfence_quiesced::KVFENCE_QUIESCE_RECORDED, None),
-            Quiesced::Duplicate => (kvfence_quiesced::KVFENCE_QUIESCE_DUPLICATE, None),
-            Quiesced::Released(r) => (kvfence_quiesced::KVFENCE_QUIESCE_RELEASED, Some(r)),
-            Quiesced::Queued => (kvfence_quiesced::KVFENCE_QUIESCE_QUEUED, None),
+        checks!(table, result, release);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
+        let what = match t.inner.quiesce(handle_of(handle), rank) {
+            Ok(Quiesced::Recorded) => kvfence_quiesced::KVFENCE_QUIESCE_RECORDED,
+            Ok(Quiesced::Duplicate) => kvfence_quiesced::KVFENCE_QUIESCE_DUPLICATE,
+            Ok(Quiesced::Queued) => kvfence_quiesced::KVFENCE_QUIESCE_QUEUED,
+            Err(ref e) => return Err(failed(e)),
+            Ok(Quiesced::Released(r)) => {
+                kvfence_table::deliver_some(release, r);
+                // SAFETY: checked.
+                unsafe { put(result, kvfence_quiesced::KVFENCE_QUIESCE_RELEASED) };
+                return Ok(());
+            }
         };
-        kvfence_table::deliver(release, r);
+        kvfence_table::deliver_none(release);
         // SAFETY: checked.
         unsafe { put(result, what) };
         Ok(())
@@ -1450,18 +1511,24 @@ pub unsafe extern "C" fn kvfence_abort(
     release: *mut kvfence_release,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
+        checks!(table);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         check_slice(fanout, fanout_cap)?;
-        check(fanout_len)?;
-        check(release)?;
+        checks!(fanout_len, release);
         if fanout_cap != 0 && fanout_cap < KVFENCE_MAX_WRITERS {
             return Err(refuse(
                 KVFENCE_BAD_LENGTH,
                 "fanout_cap must be 0 (no list) or at least KVFENCE_MAX_WRITERS",
             ));
         }
-        let aborted = t.inner.abort(handle_of(handle))?;
+        // Matched in place: `Aborted` is ~300 bytes (the inline fan-out list), and moving it
+        // out of the `Result` cost a 288-byte memcpy per call.
+        let mut res = t.inner.abort(handle_of(handle));
+        let aborted = match res {
+            Ok(ref mut a) => a,
+            Err(ref e) => return Err(failed(e)),
+        };
         let n = if fanout_cap == 0 {
             0
         } else {
@@ -1473,7 +1540,13 @@ pub unsafe extern "C" fn kvfence_abort(
         }
         // SAFETY: checked.
         unsafe { put(fanout_len, n) };
-        kvfence_table::deliver(release, aborted.released);
+        match aborted.released.take() {
+            None => kvfence_table::deliver_none(release),
+            Some(r) => kvfence_table::deliver_some(release, r),
+        }
+        // What is left of `res` owns nothing (the fan-out is an inline array of u32, the
+        // release was taken): no out-of-line drop call for it.
+        core::mem::forget(res);
         Ok(())
     })
 }
@@ -1648,7 +1721,7 @@ pub unsafe extern "C" fn kvfence_pop_released(
 /// Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
 /// while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
 /// any thread may, and each release goes to exactly one caller. Lock-free when the overflow
-/// queue is empty; no allocation once the thread's scratch buffer has grown.
+/// queue is empty; no allocation.
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
 ///
@@ -1673,16 +1746,13 @@ pub unsafe extern "C" fn kvfence_drain_released(
             i += 1;
         });
         if i < cap {
-            // One pass over the queue for up to `cap - i` releases, into this thread's
-            // scratch vector (kept between calls: no allocation once it has grown).
-            let mut scratch = SCRATCH.take();
-            t.inner.drain_released_max(&mut scratch, cap - i);
-            for r in scratch.drain(..) {
-                // SAFETY: drain_released_max delivered at most `cap - i`: `i < cap`.
+            // One pass over the queue for up to `cap - i` releases, each written straight
+            // into the caller's array (no intermediate buffer; `c_release` cannot panic).
+            t.inner.drain_released_with(cap - i, |r| {
+                // SAFETY: drain_released_with hands at most `cap - i` releases: `i < cap`.
                 unsafe { put(out.add(i), c_release(r)) };
                 i += 1;
-            }
-            SCRATCH.set(scratch);
+            });
         }
         // SAFETY: checked.
         unsafe { put(n, i) };
