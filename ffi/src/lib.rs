@@ -38,6 +38,7 @@
 
 use core::ffi::c_char;
 use core::mem::{align_of, size_of};
+use core::num::NonZeroU32;
 use core::ptr;
 use core_kvfence::{
     Config, Error, Outcome, Phase, Quiesced, Reason, Released, RoomHandle, RoomStatus, RoomTable,
@@ -387,13 +388,38 @@ thread_local! {
     static INJECT_PANIC: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A failed call: its status (the detail is already in `LAST`).
-struct Fail(kvfence_status);
+/// A failed call: its status, never `KVFENCE_OK` (the detail is already in `LAST`).
+///
+/// Held as a `NonZeroU32` so that `Result<(), Fail>` is one `u32` whose `Ok(())` is 0, i.e.
+/// `KVFENCE_OK`: `call` returns a body's result without converting it (with a
+/// `kvfence_status` inside, `Ok(())` took the enum's first unused value and every call
+/// ended with a compare and a conditional move).
+struct Fail(NonZeroU32);
+
+impl Fail {
+    /// The failure `status` (`KVFENCE_OK` is no failure: reported as an internal error).
+    fn new(status: kvfence_status) -> Fail {
+        Fail(NonZeroU32::new(status as u32).unwrap_or(NON_ZERO_INTERNAL_ERROR))
+    }
+
+    /// The status.
+    fn status(&self) -> kvfence_status {
+        // SAFETY: `Fail::new` is the only constructor: the value is a `kvfence_status`
+        // discriminant (`#[repr(u32)]`), so it is a valid `kvfence_status`.
+        unsafe { core::mem::transmute::<u32, kvfence_status>(self.0.get()) }
+    }
+}
+
+/// `KVFENCE_INTERNAL_ERROR` as a `NonZeroU32`.
+const NON_ZERO_INTERNAL_ERROR: NonZeroU32 = match NonZeroU32::new(KVFENCE_INTERNAL_ERROR as u32) {
+    Some(v) => v,
+    None => panic!("KVFENCE_INTERNAL_ERROR is not 0"),
+};
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
         LAST.with(|l| l.set(Last::Core(e)));
-        Fail(status_of(e))
+        Fail::new(status_of(e))
     }
 }
 
@@ -409,7 +435,7 @@ fn failed(e: &Error) -> Fail {
 /// A boundary refusal with its explanation.
 fn refuse(status: kvfence_status, why: &'static str) -> Fail {
     LAST.with(|l| l.set(Last::Boundary(why)));
-    Fail(status)
+    Fail::new(status)
 }
 
 /// The status of a core error: one per variant.
@@ -450,7 +476,7 @@ fn call(body: impl FnOnce() -> Result<(), Fail>) -> kvfence_status {
     });
     match catch_unwind(run) {
         Ok(Ok(())) => KVFENCE_OK,
-        Ok(Err(Fail(status))) => status,
+        Ok(Err(fail)) => fail.status(),
         Err(_) => {
             LAST.with(|l| {
                 l.set(Last::Boundary(
@@ -495,12 +521,17 @@ fn check<T>(p: *const T) -> Result<(), Fail> {
     Ok(())
 }
 
-/// Whether `check(p)` passes, without recording anything: the hot functions test all their
-/// pointers with one branch (`checks!`) and run the `check`s only to report a failure.
+/// Whether `p` is null (what `check` refuses first).
 #[inline(always)]
-fn valid<T>(p: *const T) -> bool {
+fn null<T>(p: *const T) -> bool {
     // MUTATION (test-only, `--cfg kvfence_ffi_no_null_check`): NULL goes through.
-    (!p.is_null() | cfg!(kvfence_ffi_no_null_check)) & ((p as usize) % align_of::<T>() == 0)
+    p.is_null() && !cfg!(kvfence_ffi_no_null_check)
+}
+
+/// `p`'s misalignment for its type: 0 when aligned (what `check` refuses second).
+#[inline(always)]
+fn misalignment<T>(p: *const T) -> usize {
+    (p as usize) & (align_of::<T>() - 1)
 }
 
 /// The path of a refused pointer (kept out of the hot functions' straight line).
@@ -508,11 +539,12 @@ fn valid<T>(p: *const T) -> bool {
 #[inline(never)]
 fn refused_pointer() {}
 
-/// `check(p)?` of each pointer, in order (the first failure is the one reported): on the
-/// path where every pointer is valid, two tests per pointer and nothing recorded.
+/// `check(p)?` of each pointer, in order (the first failure is the one reported). On the
+/// path where every pointer is valid: one test per pointer for null, and one test of all
+/// their misalignments OR-ed together; nothing recorded.
 macro_rules! checks {
     ($($p:expr),+ $(,)?) => {
-        if false $(|| !valid($p))+ {
+        if false $(|| null($p))+ || (0 $(| misalignment($p))+) != 0 {
             refused_pointer();
             $(check($p)?;)+
         }
@@ -557,6 +589,23 @@ unsafe fn put<T>(p: *mut T, v: T) {
     unsafe { p.write(v) }
 }
 
+/// Writes a 16-byte value (`kvfence_handle`, `kvfence_token`) as its two 8-byte words,
+/// each with its own store: the core returns it in memory written as two 8-byte stores,
+/// and the single 16-byte load LLVM otherwise merges the copy into cannot be forwarded
+/// from them (x86 store-to-load forwarding needs the load inside one store): that stall
+/// was most of `kvfence_begin`'s own time. Volatile only to keep the two stores apart.
+///
+/// # Safety
+/// `lo` and `hi` were checked (through their struct's pointer) and are valid for writes.
+#[inline(always)]
+unsafe fn put_words(lo: *mut u64, hi: *mut u64, w: u128) {
+    // SAFETY: by this function's contract.
+    unsafe {
+        lo.write_volatile(w as u64);
+        hi.write_volatile((w >> 64) as u64);
+    }
+}
+
 /// The table behind a pointer.
 ///
 /// # Safety
@@ -581,14 +630,6 @@ fn c_handle(h: RoomHandle) -> kvfence_handle {
 
 fn token_of(t: kvfence_token) -> TransferToken {
     TransferToken::from_wire(u128::from(t.hi) << 64 | u128::from(t.lo))
-}
-
-fn c_token(t: TransferToken) -> kvfence_token {
-    let w = t.to_wire();
-    kvfence_token {
-        lo: w as u64,
-        hi: (w >> 64) as u64,
-    }
 }
 
 const NO_RELEASE: kvfence_release = kvfence_release {
@@ -1229,8 +1270,14 @@ pub unsafe extern "C" fn kvfence_open_gate(
             Ok(h) => h,
             Err(ref e) => return Err(failed(e)),
         };
-        // SAFETY: checked.
-        unsafe { put(handle, c_handle(h)) };
+        // SAFETY: checked: `handle` is valid for writes of its two fields.
+        unsafe {
+            put_words(
+                ptr::addr_of_mut!((*handle).lo),
+                ptr::addr_of_mut!((*handle).hi),
+                h.to_wire(),
+            )
+        };
         Ok(())
     })
 }
@@ -1376,8 +1423,14 @@ pub unsafe extern "C" fn kvfence_begin(
             Ok(tok) => tok,
             Err(ref e) => return Err(failed(e)),
         };
-        // SAFETY: checked.
-        unsafe { put(token, c_token(tok)) };
+        // SAFETY: checked: `token` is valid for writes of its two fields.
+        unsafe {
+            put_words(
+                ptr::addr_of_mut!((*token).lo),
+                ptr::addr_of_mut!((*token).hi),
+                tok.to_wire(),
+            )
+        };
         Ok(())
     })
 }
@@ -1466,7 +1519,15 @@ pub unsafe extern "C" fn kvfence_quiesce(
         checks!(table, result, release);
         // SAFETY: checked non-null and aligned; a live table by contract.
         let t = unsafe { &*table };
-        let what = match t.inner.quiesce(handle_of(handle), rank) {
+        let res = t.inner.quiesce(handle_of(handle), rank);
+        // The common ACK first, as one compare (a `match` alone became a jump table).
+        if matches!(res, Ok(Quiesced::Recorded)) {
+            kvfence_table::deliver_none(release);
+            // SAFETY: checked.
+            unsafe { put(result, kvfence_quiesced::KVFENCE_QUIESCE_RECORDED) };
+            return Ok(());
+        }
+        let what = match res {
             Ok(Quiesced::Recorded) => kvfence_quiesced::KVFENCE_QUIESCE_RECORDED,
             Ok(Quiesced::Duplicate) => kvfence_quiesced::KVFENCE_QUIESCE_DUPLICATE,
             Ok(Quiesced::Queued) => kvfence_quiesced::KVFENCE_QUIESCE_QUEUED,
@@ -1838,7 +1899,7 @@ pub unsafe extern "C" fn kvfence_releases_free(
             // SAFETY: `i < n`, valid by contract.
             let st = unsafe { kvfence_release_free(releases.add(i)) };
             if st != KVFENCE_OK {
-                return Err(Fail(st));
+                return Err(Fail::new(st));
             }
         }
         Ok(())
