@@ -63,8 +63,8 @@ fi
 echo "$report"
 if [ "${1:-}" = "--write" ]; then
     # The figures go between the two markers of RESULTS.md; the rest of it is prose.
-    awk -v report="$report" -v date="$(date -u +%Y-%m-%d\ %H:%M)" '
-        /^<!-- figures -->$/ { print; print ""; print "Measured " date " UTC with `ffi/bench/run.sh --write`:"; print ""; print report; print ""; skip = 1; next }
+    awk -v report="$report" -v cmd="ROUNDS=$ROUNDS SAMPLES=$SAMPLES ITERS=$ITERS ffi/bench/run.sh --write" -v date="$(date -u +%Y-%m-%d\ %H:%M)" '
+        /^<!-- figures -->$/ { print; print ""; print "Measured " date " UTC with `" cmd "`:"; print ""; print report; print ""; skip = 1; next }
         /^<!-- \/figures -->$/ { skip = 0 }
         !skip { print }' ffi/bench/RESULTS.md > "$out/RESULTS.md"
     cp "$out/RESULTS.md" ffi/bench/RESULTS.md
