@@ -534,6 +534,16 @@ fn misalignment<T>(p: *const T) -> usize {
     (p as usize) & (align_of::<T>() - 1)
 }
 
+/// Never called: names every field of `Aborted`, so that a new one (which `kvfence_abort`'s
+/// `mem::forget` could leak) is a compile error here.
+#[allow(dead_code)]
+fn aborted_fields(a: core_kvfence::Aborted) {
+    let core_kvfence::Aborted {
+        fanout: _,
+        released: _,
+    } = a;
+}
+
 /// The path of a refused pointer (kept out of the hot functions' straight line).
 #[cold]
 #[inline(never)]
@@ -1606,7 +1616,8 @@ pub unsafe extern "C" fn kvfence_abort(
             Some(r) => kvfence_table::deliver_some(release, r),
         }
         // What is left of `res` owns nothing (the fan-out is an inline array of u32, the
-        // release was taken): no out-of-line drop call for it.
+        // release was taken): no out-of-line drop call for it. `aborted_fields` stops
+        // compiling if `Aborted` gains a field (which might own memory this would leak).
         core::mem::forget(res);
         Ok(())
     })
