@@ -302,4 +302,50 @@ impl RoomTable {
             out.push(self.deliver(index, gen, Reason::from_code(code), true));
         })
     }
+
+    /// [`drain_released_max`](Self::drain_released_max), handing each release to `f`
+    /// instead of appending it to a `Vec`: for a caller that stores releases in its own
+    /// memory (the C ABI writes them straight into the caller's array). Returns how many
+    /// `f` received. Still one pass over the bitmap; `f` runs on the calling thread.
+    ///
+    /// No release is lost if `f` panics: the one it was given is its own (dropped by the
+    /// unwind, like any value a panicking function owns), and the rest of this drain's
+    /// releases go back to the queue, untouched, before the panic resumes.
+    ///
+    /// ```
+    /// use kvfence::{Config, RoomTable};
+    /// let table = RoomTable::new(Config::gate(8).release_queue(true))?;
+    /// for slot in 0..3 {
+    ///     let h = table.open_gate(&[], slot, vec![slot as u32])?;
+    ///     assert!(table.finish(h)?.is_none()); // queued
+    /// }
+    /// let mut tokens = [0u64; 2];
+    /// let mut n = 0;
+    /// assert_eq!(table.drain_released_with(2, |r| { tokens[n] = r.token; n += 1 }), 2);
+    /// assert_eq!(table.queued_releases(), 1); // the limit left one queued
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn drain_released_with(&self, max: usize, mut f: impl FnMut(Released)) -> usize {
+        let mut panicked = None;
+        let mut delivered = 0;
+        self.queue.drain(max, |index| {
+            if panicked.is_some() {
+                // `f` panicked on an earlier release of this drain: this one is not
+                // delivered (its room stays queued, its pages held) and goes back.
+                self.queue.push(index);
+                return;
+            }
+            let (gen, code) = self.queued_release(index);
+            let r = self.deliver(index, gen, Reason::from_code(code), true);
+            delivered += 1;
+            // Free on the path that does not unwind (a landing pad only).
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(r))) {
+                panicked = Some(p);
+            }
+        });
+        if let Some(p) = panicked {
+            std::panic::resume_unwind(p);
+        }
+        delivered
+    }
 }

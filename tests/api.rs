@@ -2137,3 +2137,41 @@ fn grow_larger_than_the_pool_claims_nothing() {
     assert_eq!(seen_low, 0);
     assert_eq!(t.pages_of(h).unwrap().len(), 1);
 }
+
+/// `drain_released_with` (the C ABI's drain): each release handed to the callback once, the
+/// limit respected, and none lost when the callback panics: the releases it was not given
+/// go back to the queue, untouched.
+#[test]
+fn drain_released_with_hands_each_release_once_and_survives_a_panicking_callback() {
+    let t = gate_queue(8);
+    for token in 0..5u64 {
+        let h = t.open_gate(&[], token, vec![token as u32]).unwrap();
+        assert_eq!(t.finish(h).unwrap(), None, "queued");
+    }
+    let mut seen = Vec::new();
+    assert_eq!(t.drain_released_with(2, |r| seen.push(r.token)), 2);
+    assert_eq!((seen.len(), t.queued_releases()), (2, 3), "the limit");
+    // A callback that panics on the first release it is given.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        t.drain_released_with(usize::MAX, |_| panic!("callback panics"))
+    }));
+    assert!(outcome.is_err(), "the panic resumes");
+    // The one the callback owned was dropped by the unwind (it was delivered: its room index
+    // is free again); the other two are still queued, and delivered by the next drain.
+    assert_eq!(
+        t.queued_releases(),
+        2,
+        "the releases after the panic went back"
+    );
+    let mut rest = Vec::new();
+    assert_eq!(t.drain_released(&mut rest), 2);
+    seen.extend(rest.iter().map(|r| r.token));
+    assert_eq!(seen.len(), 4);
+    assert_eq!(
+        seen.iter().collect::<HashSet<_>>().len(),
+        4,
+        "each release once"
+    );
+    assert_eq!(t.stats().rooms.free, 8, "every room index back");
+    assert_eq!(t.stats().releases, 5);
+}

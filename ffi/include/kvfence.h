@@ -1006,7 +1006,7 @@ kvfence_status kvfence_pop_released(const struct kvfence_table *table,
  * Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
  * while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
  * any thread may, and each release goes to exactly one caller. Lock-free when the overflow
- * queue is empty; no allocation once the thread's scratch buffer has grown.
+ * queue is empty; no allocation.
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
  *

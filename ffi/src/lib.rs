@@ -38,6 +38,7 @@
 
 use core::ffi::c_char;
 use core::mem::{align_of, size_of};
+use core::num::NonZeroU32;
 use core::ptr;
 use core_kvfence::{
     Config, Error, Outcome, Phase, Quiesced, Reason, Released, RoomHandle, RoomStatus, RoomTable,
@@ -379,8 +380,6 @@ enum Last {
 
 thread_local! {
     static LAST: Cell<Last> = const { Cell::new(Last::None) };
-    /// `kvfence_drain_released`'s buffer, reused by each thread's drains.
-    static SCRATCH: Cell<Vec<Released>> = const { Cell::new(Vec::new()) };
 }
 
 #[cfg(test)]
@@ -389,20 +388,54 @@ thread_local! {
     static INJECT_PANIC: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A failed call: its status (the detail is already in `LAST`).
-struct Fail(kvfence_status);
+/// A failed call: its status, never `KVFENCE_OK` (the detail is already in `LAST`).
+///
+/// Held as a `NonZeroU32` so that `Result<(), Fail>` is one `u32` whose `Ok(())` is 0, i.e.
+/// `KVFENCE_OK`: `call` returns a body's result without converting it (with a
+/// `kvfence_status` inside, `Ok(())` took the enum's first unused value and every call
+/// ended with a compare and a conditional move).
+struct Fail(NonZeroU32);
+
+impl Fail {
+    /// The failure `status` (`KVFENCE_OK` is no failure: reported as an internal error).
+    fn new(status: kvfence_status) -> Fail {
+        Fail(NonZeroU32::new(status as u32).unwrap_or(NON_ZERO_INTERNAL_ERROR))
+    }
+
+    /// The status.
+    fn status(&self) -> kvfence_status {
+        // SAFETY: `Fail::new` is the only constructor: the value is a `kvfence_status`
+        // discriminant (`#[repr(u32)]`), so it is a valid `kvfence_status`.
+        unsafe { core::mem::transmute::<u32, kvfence_status>(self.0.get()) }
+    }
+}
+
+/// `KVFENCE_INTERNAL_ERROR` as a `NonZeroU32`.
+const NON_ZERO_INTERNAL_ERROR: NonZeroU32 = match NonZeroU32::new(KVFENCE_INTERNAL_ERROR as u32) {
+    Some(v) => v,
+    None => panic!("KVFENCE_INTERNAL_ERROR is not 0"),
+};
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
         LAST.with(|l| l.set(Last::Core(e)));
-        Fail(status_of(e))
+        Fail::new(status_of(e))
     }
+}
+
+/// `Fail::from` of a core error behind a reference, out of line: a hot function that
+/// matches `Err(ref e) => return Err(failed(e))` does not load the error's payload on its
+/// success path (a `?` there made LLVM copy it out of the result, unaligned, on every call).
+#[cold]
+#[inline(never)]
+fn failed(e: &Error) -> Fail {
+    Fail::from(*e)
 }
 
 /// A boundary refusal with its explanation.
 fn refuse(status: kvfence_status, why: &'static str) -> Fail {
     LAST.with(|l| l.set(Last::Boundary(why)));
-    Fail(status)
+    Fail::new(status)
 }
 
 /// The status of a core error: one per variant.
@@ -443,7 +476,7 @@ fn call(body: impl FnOnce() -> Result<(), Fail>) -> kvfence_status {
     });
     match catch_unwind(run) {
         Ok(Ok(())) => KVFENCE_OK,
-        Ok(Err(Fail(status))) => status,
+        Ok(Err(fail)) => fail.status(),
         Err(_) => {
             LAST.with(|l| {
                 l.set(Last::Boundary(
@@ -488,6 +521,46 @@ fn check<T>(p: *const T) -> Result<(), Fail> {
     Ok(())
 }
 
+/// Whether `p` is null (what `check` refuses first).
+#[inline(always)]
+fn null<T>(p: *const T) -> bool {
+    // MUTATION (test-only, `--cfg kvfence_ffi_no_null_check`): NULL goes through.
+    p.is_null() && !cfg!(kvfence_ffi_no_null_check)
+}
+
+/// `p`'s misalignment for its type: 0 when aligned (what `check` refuses second).
+#[inline(always)]
+fn misalignment<T>(p: *const T) -> usize {
+    (p as usize) & (align_of::<T>() - 1)
+}
+
+/// Never called: names every field of `Aborted`, so that a new one (which `kvfence_abort`'s
+/// `mem::forget` could leak) is a compile error here.
+#[allow(dead_code)]
+fn aborted_fields(a: core_kvfence::Aborted) {
+    let core_kvfence::Aborted {
+        fanout: _,
+        released: _,
+    } = a;
+}
+
+/// The path of a refused pointer (kept out of the hot functions' straight line).
+#[cold]
+#[inline(never)]
+fn refused_pointer() {}
+
+/// `check(p)?` of each pointer, in order (the first failure is the one reported). On the
+/// path where every pointer is valid: one test per pointer for null, and one test of all
+/// their misalignments OR-ed together; nothing recorded.
+macro_rules! checks {
+    ($($p:expr),+ $(,)?) => {
+        if false $(|| null($p))+ || (0 $(| misalignment($p))+) != 0 {
+            refused_pointer();
+            $(check($p)?;)+
+        }
+    };
+}
+
 /// Checks a `(pointer, length)` pair's length and pointer (length 0: any pointer).
 fn check_slice<T>(p: *const T, len: usize) -> Result<(), Fail> {
     if len == 0 {
@@ -526,6 +599,23 @@ unsafe fn put<T>(p: *mut T, v: T) {
     unsafe { p.write(v) }
 }
 
+/// Writes a 16-byte value (`kvfence_handle`, `kvfence_token`) as its two 8-byte words,
+/// each with its own store: the core returns it in memory written as two 8-byte stores,
+/// and the single 16-byte load LLVM otherwise merges the copy into cannot be forwarded
+/// from them (x86 store-to-load forwarding needs the load inside one store): that stall
+/// was most of `kvfence_begin`'s own time. Volatile only to keep the two stores apart.
+///
+/// # Safety
+/// `lo` and `hi` were checked (through their struct's pointer) and are valid for writes.
+#[inline(always)]
+unsafe fn put_words(lo: *mut u64, hi: *mut u64, w: u128) {
+    // SAFETY: by this function's contract.
+    unsafe {
+        lo.write_volatile(w as u64);
+        hi.write_volatile((w >> 64) as u64);
+    }
+}
+
 /// The table behind a pointer.
 ///
 /// # Safety
@@ -550,14 +640,6 @@ fn c_handle(h: RoomHandle) -> kvfence_handle {
 
 fn token_of(t: kvfence_token) -> TransferToken {
     TransferToken::from_wire(u128::from(t.hi) << 64 | u128::from(t.lo))
-}
-
-fn c_token(t: TransferToken) -> kvfence_token {
-    let w = t.to_wire();
-    kvfence_token {
-        lo: w as u64,
-        hi: (w >> 64) as u64,
-    }
 }
 
 const NO_RELEASE: kvfence_release = kvfence_release {
@@ -661,19 +743,34 @@ impl kvfence_table {
     }
 
     /// Puts a release into the caller's output (`*out` was checked).
+    #[inline(always)]
     fn deliver(out: *mut kvfence_release, r: Option<Released>) {
         match r {
-            // SAFETY: every caller checked `out` with `check` first.
-            Some(r) => unsafe { put(out, c_release(r)) },
-            // No release: only the reason is written (the other fields are unspecified;
-            // one store instead of seven on the hot path of every ACK and transfer end).
-            // SAFETY: as above; `reason` is a u32-sized field of `*out`.
-            None => unsafe {
-                put(
-                    ptr::addr_of_mut!((*out).reason).cast::<u32>(),
-                    kvfence_reason::KVFENCE_REASON_NONE as u32,
-                )
-            },
+            Some(r) => Self::deliver_some(out, r),
+            None => Self::deliver_none(out),
+        }
+    }
+
+    /// Puts a release into the caller's output (`*out` was checked). Out of line: the
+    /// callers' path that releases nothing (most ACKs and transfer ends) then needs fewer
+    /// registers (a shorter prologue).
+    #[inline(never)]
+    fn deliver_some(out: *mut kvfence_release, r: Released) {
+        // SAFETY: every caller checked `out` with `check` first.
+        unsafe { put(out, c_release(r)) }
+    }
+
+    /// No release: only the reason is written (the other fields are unspecified; one store
+    /// instead of seven on the hot path of every ACK and transfer end).
+    #[inline(always)]
+    fn deliver_none(out: *mut kvfence_release) {
+        // SAFETY: every caller checked `out` with `check` first; `reason` is a u32-sized
+        // field of `*out`.
+        unsafe {
+            put(
+                ptr::addr_of_mut!((*out).reason).cast::<u32>(),
+                kvfence_reason::KVFENCE_REASON_NONE as u32,
+            )
         }
     }
 }
@@ -1164,10 +1261,11 @@ pub unsafe extern "C" fn kvfence_open_gate(
     handle: *mut kvfence_handle,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
+        checks!(table);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         check_slice(writers, nwriters)?;
-        check(handle)?;
+        checks!(handle);
         if npages > core_kvfence::MAX_PAGES {
             // Before the copy: a huge length is refused without reading the array.
             return Err(Error::TooManyPagesInRoom.into());
@@ -1178,9 +1276,18 @@ pub unsafe extern "C" fn kvfence_open_gate(
         }
         // SAFETY: checked; valid by contract.
         let (writers, pages) = unsafe { (input(writers, nwriters), input(pages, npages)) };
-        let h = t.inner.open_gate(writers, token, pages.to_vec())?;
-        // SAFETY: checked.
-        unsafe { put(handle, c_handle(h)) };
+        let h = match t.inner.open_gate(writers, token, pages.to_vec()) {
+            Ok(h) => h,
+            Err(ref e) => return Err(failed(e)),
+        };
+        // SAFETY: checked: `handle` is valid for writes of its two fields.
+        unsafe {
+            put_words(
+                ptr::addr_of_mut!((*handle).lo),
+                ptr::addr_of_mut!((*handle).hi),
+                h.to_wire(),
+            )
+        };
         Ok(())
     })
 }
@@ -1318,13 +1425,22 @@ pub unsafe extern "C" fn kvfence_begin(
     token: *mut kvfence_token,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(token)?;
+        checks!(table, token);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         let peer = (peer != KVFENCE_NO_PEER).then_some(peer);
-        let tok = t.inner.begin(handle_of(handle), peer)?;
-        // SAFETY: checked.
-        unsafe { put(token, c_token(tok)) };
+        let tok = match t.inner.begin(handle_of(handle), peer) {
+            Ok(tok) => tok,
+            Err(ref e) => return Err(failed(e)),
+        };
+        // SAFETY: checked: `token` is valid for writes of its two fields.
+        unsafe {
+            put_words(
+                ptr::addr_of_mut!((*token).lo),
+                ptr::addr_of_mut!((*token).hi),
+                tok.to_wire(),
+            )
+        };
         Ok(())
     })
 }
@@ -1348,12 +1464,15 @@ pub unsafe extern "C" fn kvfence_end(
     release: *mut kvfence_release,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(release)?;
+        checks!(table, release);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         let outcome = outcome_of(outcome)?;
-        let r = t.inner.end(token_of(token), outcome)?;
-        kvfence_table::deliver(release, r);
+        match t.inner.end(token_of(token), outcome) {
+            Ok(None) => kvfence_table::deliver_none(release),
+            Ok(Some(r)) => kvfence_table::deliver_some(release, r),
+            Err(ref e) => return Err(failed(e)),
+        }
         Ok(())
     })
 }
@@ -1407,17 +1526,30 @@ pub unsafe extern "C" fn kvfence_quiesce(
     release: *mut kvfence_release,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(result)?;
-        check(release)?;
-        let (what, r) = match t.inner.quiesce(handle_of(handle), rank)? {
-            Quiesced::Recorded => (kvfence_quiesced::KVFENCE_QUIESCE_RECORDED, None),
-            Quiesced::Duplicate => (kvfence_quiesced::KVFENCE_QUIESCE_DUPLICATE, None),
-            Quiesced::Released(r) => (kvfence_quiesced::KVFENCE_QUIESCE_RELEASED, Some(r)),
-            Quiesced::Queued => (kvfence_quiesced::KVFENCE_QUIESCE_QUEUED, None),
+        checks!(table, result, release);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
+        let res = t.inner.quiesce(handle_of(handle), rank);
+        // The common ACK first, as one compare (a `match` alone became a jump table).
+        if matches!(res, Ok(Quiesced::Recorded)) {
+            kvfence_table::deliver_none(release);
+            // SAFETY: checked.
+            unsafe { put(result, kvfence_quiesced::KVFENCE_QUIESCE_RECORDED) };
+            return Ok(());
+        }
+        let what = match res {
+            Ok(Quiesced::Recorded) => kvfence_quiesced::KVFENCE_QUIESCE_RECORDED,
+            Ok(Quiesced::Duplicate) => kvfence_quiesced::KVFENCE_QUIESCE_DUPLICATE,
+            Ok(Quiesced::Queued) => kvfence_quiesced::KVFENCE_QUIESCE_QUEUED,
+            Err(ref e) => return Err(failed(e)),
+            Ok(Quiesced::Released(r)) => {
+                kvfence_table::deliver_some(release, r);
+                // SAFETY: checked.
+                unsafe { put(result, kvfence_quiesced::KVFENCE_QUIESCE_RELEASED) };
+                return Ok(());
+            }
         };
-        kvfence_table::deliver(release, r);
+        kvfence_table::deliver_none(release);
         // SAFETY: checked.
         unsafe { put(result, what) };
         Ok(())
@@ -1450,18 +1582,24 @@ pub unsafe extern "C" fn kvfence_abort(
     release: *mut kvfence_release,
 ) -> kvfence_status {
     call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
+        checks!(table);
+        // SAFETY: checked non-null and aligned; a live table by contract.
+        let t = unsafe { &*table };
         check_slice(fanout, fanout_cap)?;
-        check(fanout_len)?;
-        check(release)?;
+        checks!(fanout_len, release);
         if fanout_cap != 0 && fanout_cap < KVFENCE_MAX_WRITERS {
             return Err(refuse(
                 KVFENCE_BAD_LENGTH,
                 "fanout_cap must be 0 (no list) or at least KVFENCE_MAX_WRITERS",
             ));
         }
-        let aborted = t.inner.abort(handle_of(handle))?;
+        // Matched in place: `Aborted` is ~300 bytes (the inline fan-out list), and moving it
+        // out of the `Result` cost a 288-byte memcpy per call.
+        let mut res = t.inner.abort(handle_of(handle));
+        let aborted = match res {
+            Ok(ref mut a) => a,
+            Err(ref e) => return Err(failed(e)),
+        };
         let n = if fanout_cap == 0 {
             0
         } else {
@@ -1473,7 +1611,14 @@ pub unsafe extern "C" fn kvfence_abort(
         }
         // SAFETY: checked.
         unsafe { put(fanout_len, n) };
-        kvfence_table::deliver(release, aborted.released);
+        match aborted.released.take() {
+            None => kvfence_table::deliver_none(release),
+            Some(r) => kvfence_table::deliver_some(release, r),
+        }
+        // What is left of `res` owns nothing (the fan-out is an inline array of u32, the
+        // release was taken): no out-of-line drop call for it. `aborted_fields` stops
+        // compiling if `Aborted` gains a field (which might own memory this would leak).
+        core::mem::forget(res);
         Ok(())
     })
 }
@@ -1648,7 +1793,7 @@ pub unsafe extern "C" fn kvfence_pop_released(
 /// Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
 /// while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
 /// any thread may, and each release goes to exactly one caller. Lock-free when the overflow
-/// queue is empty; no allocation once the thread's scratch buffer has grown.
+/// queue is empty; no allocation.
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
 ///
@@ -1673,16 +1818,13 @@ pub unsafe extern "C" fn kvfence_drain_released(
             i += 1;
         });
         if i < cap {
-            // One pass over the queue for up to `cap - i` releases, into this thread's
-            // scratch vector (kept between calls: no allocation once it has grown).
-            let mut scratch = SCRATCH.take();
-            t.inner.drain_released_max(&mut scratch, cap - i);
-            for r in scratch.drain(..) {
-                // SAFETY: drain_released_max delivered at most `cap - i`: `i < cap`.
+            // One pass over the queue for up to `cap - i` releases, each written straight
+            // into the caller's array (no intermediate buffer; `c_release` cannot panic).
+            t.inner.drain_released_with(cap - i, |r| {
+                // SAFETY: drain_released_with hands at most `cap - i` releases: `i < cap`.
                 unsafe { put(out.add(i), c_release(r)) };
                 i += 1;
-            }
-            SCRATCH.set(scratch);
+            });
         }
         // SAFETY: checked.
         unsafe { put(n, i) };
@@ -1768,7 +1910,7 @@ pub unsafe extern "C" fn kvfence_releases_free(
             // SAFETY: `i < n`, valid by contract.
             let st = unsafe { kvfence_release_free(releases.add(i)) };
             if st != KVFENCE_OK {
-                return Err(Fail(st));
+                return Err(Fail::new(st));
             }
         }
         Ok(())
