@@ -400,7 +400,9 @@ def main(argv=None):
         rules = a.rules or DEFAULT_RULES[sc]
         rounds = a.rounds if sc in ("clean", "lossy") else 1
         for rnd in range(rounds):
-            for rule in rules:  # interleaved: rule after rule within a round
+            # interleaved: rule after rule within a round, the order rotated each round (a
+            # rule that always ran first or last would carry the box's drift)
+            for rule in rules[rnd % len(rules):] + rules[:rnd % len(rules)]:
                 if not a.json:
                     print("running %s / %s (round %d)..." % (sc, rule, rnd), file=sys.stderr,
                           flush=True)
