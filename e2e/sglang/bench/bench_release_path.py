@@ -190,6 +190,10 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     q.resolve_deferred_releases()
     t["trickle"] = time.perf_counter() - t0
     assert len(q._deferred_releases) == n - k, (len(q._deferred_releases), n, k)
+    # Exactly the k ACKed rooms were released (_do_release ends their receiver); every
+    # other one is still held, in order.
+    assert all(d.kv_receiver is None for d in reqs[:k])
+    assert [e[0] for e in q._deferred_releases] == reqs[k:]
     t0 = time.perf_counter()
     for m in msgs[k:]:
         mgr.handle_abort_ack_message(m)

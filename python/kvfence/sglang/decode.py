@@ -15,13 +15,21 @@ SGLang method (0.5.23)                        what kvfence adds
                                               with them (``_do_release`` frees them together)
 ``CommonKVReceiver._send_abort_notification`` ``abort`` on the room; the ABORT carries the
                                               room's kvfence handle as its generation
-``CommonKVManager.register_deferred_abort_room`` returns that handle as the generation
+``CommonKVManager.register_deferred_abort_room`` returns that handle as the generation;
+                                              for a room kvfence holds, SGLang's ACK-set
+                                              entry is not made (nothing would read it)
 ``CommonKVManager.note_abort_ack``            ``quiesce(handle, rank)`` (ABORT_ACK = quiesce)
+                                              instead of SGLang's ACK set, for a room
+                                              kvfence holds; SGLang's own otherwise
 ``CommonKVManager.is_abort_release_safe``     "kvfence released this room" (rooms opened
                                               under kvfence), else SGLang's ACK count
 ``DecodeTransferQueue.resolve_deferred_releases`` drains kvfence's releases, applies the
                                               quarantine policy, and makes every deadline
-                                              infinite: time never releases a page
+                                              infinite: time never releases a page. With
+                                              one attention-TP rank and only kvfence rooms
+                                              held, SGLang's scan is skipped when kvfence
+                                              released nothing, and sees only the entries
+                                              kvfence released otherwise
 ``DecodeTransferQueue.pop_transferred``       holds every failed transfer, whatever
                                               ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
                                               says
@@ -427,10 +435,13 @@ def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
         if not held:
             return orig(self)
         d = self.__dict__
-        if d.get("_kvfence_list") is held:
-            start, ungated = d["_kvfence_checked"], d["_kvfence_ungated"]
+        checked = d.get("_kvfence_checked", 0)
+        if d.get("_kvfence_list") is held and checked <= len(held) \
+                and (checked == 0 or held[checked - 1] is d["_kvfence_last"]):
+            start, ungated, entry_of = checked, d["_kvfence_ungated"], d["_kvfence_entries"]
         else:
-            start, ungated = 0, 0
+            # A new list (SGLang's own scan made it), or one changed in place: all again.
+            start, ungated, entry_of = 0, 0, {}
         # Entries held since the last call (each is checked once, not every iteration).
         for i in range(start, len(held)):
             # Time never releases a page: SGLang's deadline (index 2 of each entry,
@@ -439,9 +450,13 @@ def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
             e = held[i]
             if e[2] != inf:
                 held[i] = e = (e[0], e[1], inf) + tuple(e[3:])
-            if getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE) is None:
+            h = getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE)
+            if h is None:
                 ungated += 1
-        d["_kvfence_list"], d["_kvfence_checked"], d["_kvfence_ungated"] = held, len(held), ungated
+            else:
+                entry_of[h] = e
+        d["_kvfence_list"], d["_kvfence_checked"], d["_kvfence_last"] = held, len(held), held[-1]
+        d["_kvfence_ungated"], d["_kvfence_entries"] = ungated, entry_of
         if ungated or not _single_rank(self):
             # A room kvfence does not gate is held, or more than one attention-TP rank
             # (SGLang's all_reduce_flags must run on every rank): SGLang's own scan.
@@ -454,21 +469,28 @@ def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self)
         # Only the entries kvfence released go through SGLang's scan (each is drained, so
         # SGLang releases it with _do_release); the others stay held, in order, unscanned.
-        ready: List[Any] = []
-        keep: List[Any] = []
-        for e in held:
-            h = getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE)
-            (ready if h in decided else keep).append(e)
+        ready = [entry_of.pop(h) for h in list(decided) if h in entry_of]
         if not ready:
             return None
+        if len(ready) == len(held):
+            held.clear()
+        else:
+            gone = {id(e) for e in ready}  # by identity: entries are never compared
+            held[:] = [e for e in held if id(e) not in gone]
         self._deferred_releases = ready
         try:
             return orig(self)
         finally:
             left = self._deferred_releases  # what SGLang did not release (none, normally)
-            kept = keep + left if left else keep
-            self._deferred_releases = kept
-            d["_kvfence_list"], d["_kvfence_checked"] = kept, len(kept)
+            self._deferred_releases = held
+            if left:
+                held.extend(left)
+                for e in left:
+                    h = getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE)
+                    if h is not None:
+                        entry_of[h] = e
+            d["_kvfence_checked"] = len(held)
+            d["_kvfence_last"] = held[-1] if held else None
     return resolve_deferred_releases
 
 
