@@ -314,7 +314,7 @@ def main() -> int:
         n: {rule: {p: [] for p in phases} for rule in ("stock", "kvfence")} for n in sizes}
     for rnd in range(args.rounds):
         for n in sizes:
-            reps = max(1, 2000 // n)
+            reps = max(3, 2000 // n)
             order = ("stock", "kvfence") if rnd % 2 == 0 else ("kvfence", "stock")
             for rule in order:
                 (ks.install if rule == "kvfence" else ks.uninstall)()
