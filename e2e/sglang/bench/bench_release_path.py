@@ -30,8 +30,9 @@ Prefill: ``MooncakeKVManager.transfer_worker`` (the real loop) on a real prefill
 whose Mooncake engine is replaced by one that completes every write at once, draining a
 queue of chunks spread over N rooms; per chunk.
 
-Reported: the median over rounds of each phase's time per request (per chunk), and the
-median of the per-round ratios kvfence/stock. Machine: whatever runs it (results
+Reported: per round the median over max(3, 2000 / N) repetitions, then the median over
+rounds of each phase's time per request (per chunk), and the median of the per-round
+ratios kvfence/stock. Machine: whatever runs it (results
 committed in RESULTS.md name it).
 """
 
