@@ -186,3 +186,16 @@ def test_metrics_are_exported_through_prometheus_client():
     finally:
         metrics.unregister()
     assert "kvfence_sglang_held_pages" not in prom.generate_latest().decode()
+
+
+def test_release_path_on_the_real_decode_queue():
+    """The benchmark's lifecycle at 1, 10 and 300 requests in flight, stock and kvfence
+    (its own assertions: every aborted room held, exactly the ACKed ones released, the
+    rest held in order, nothing left), then held entries with expired deadlines, also
+    after an in-place clear of the held list: none may be released."""
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, KVFENCE_SGLANG="0")
+    p = subprocess.run([sys.executable, os.path.join(here, "sglang_release_path_check.py")],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "release path OK" in p.stdout, p.stdout[-2000:] + p.stderr[-4000:]

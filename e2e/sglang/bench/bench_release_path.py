@@ -12,23 +12,34 @@ whose destinations were published, one lifecycle is timed phase by phase:
 * ``open``      kvfence only: the room opened at ``send_metadata`` (stock has no such step)
 * ``abort``     ``CommonKVReceiver.abort()`` (fan-out to the fake socket)
 * ``pop``       ``DecodeTransferQueue.pop_transferred()`` with N Failed polls -> N held
-* ``scan``      ``resolve_deferred_releases()`` with N held and none releasable (what the
-                scheduler pays every loop iteration while they are held), per held request
+* ``scan_first`` the first ``resolve_deferred_releases()`` after the pop, N held, none
+                releasable (kvfence checks each new entry once here), per held request
+* ``scan``      a later ``resolve_deferred_releases()``, N held, none releasable: what the
+                scheduler pays every loop iteration while they are held (median of 3
+                calls), per held request
 * ``ack``       ``handle_abort_ack_message(ABORT_ACK)`` for each (decode_thread)
-* ``release``   ``resolve_deferred_releases()`` releasing all N (``_do_release`` each)
+* ``trickle``   ``resolve_deferred_releases()`` after the ACKs of 1 % of them (at least
+                one): the iteration that releases those k while N - k stay held, per
+                held request
+* ``release``   ``resolve_deferred_releases()`` releasing the other N - k (``_do_release``
+                each), per released request
+* ``lifecycle`` open + abort + pop + scan_first + ack + release: one aborted request's
+                whole cost in the release path, the per-iteration scans not included
 
 Prefill: ``MooncakeKVManager.transfer_worker`` (the real loop) on a real prefill manager
 whose Mooncake engine is replaced by one that completes every write at once, draining a
 queue of chunks spread over N rooms; per chunk.
 
-Reported: the median over rounds of each phase's time per request (per chunk), and the
-median of the per-round ratios kvfence/stock. Machine: whatever runs it (results
+Reported: per round the median over max(3, 2000 / N) repetitions, then the median over
+rounds of each phase's time per request (per chunk), and the median of the per-round
+ratios kvfence/stock. Machine: whatever runs it (results
 committed in RESULTS.md name it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -74,10 +85,26 @@ class _Sock:
 _LOCK = threading.Lock()
 
 
-def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
-    from kvfence.sglang import decode as kdec
+_decode_mgrs: Dict[bool, Any] = {}
 
-    mgr = MooncakeKVManager.__new__(MooncakeKVManager)
+
+def decode_manager(kvfence_on: bool) -> Any:
+    """One decode manager per side for the whole run, as in a server (kvfence's has a
+    gate: its table is made once, not per lifecycle)."""
+    mgr = _decode_mgrs.get(kvfence_on)
+    if mgr is None:
+        from kvfence.sglang import decode as kdec
+
+        mgr = _decode_mgrs[kvfence_on] = MooncakeKVManager.__new__(MooncakeKVManager)
+        if kvfence_on:
+            kdec.attach(mgr)
+    return mgr
+
+
+def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
+    # The previous lifecycle's young garbage is collected here, not inside a timed phase.
+    gc.collect(1)
+    mgr = decode_manager(kvfence_on)
     mgr._deferred_abort_ack_tracker = {}
     mgr._deferred_abort_generation = 0
     mgr.enable_deferred_decode_kv_release = True
@@ -91,8 +118,6 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     mgr.required_prefill_response_num_table = {}
     mgr.prefill_response_tracker = {}
     mgr.enable_staging = False
-    if kvfence_on:
-        kdec.attach(mgr)
     info = SimpleNamespace(pp_size=1, attn_cp_size=1)
     q = dec.DecodeTransferQueue.__new__(dec.DecodeTransferQueue)
     q._deferred_releases = []
@@ -140,7 +165,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
         d.kv_receiver.abort()
     t["abort"] = time.perf_counter() - t0
     q.queue = list(reqs)
-    q._poll_with_metadata_gate = lambda: [KVPoll.Failed] * len(q.queue)
+    q._poll_with_metadata_gate = lambda n=n: [KVPoll.Failed] * n
     receivers = [d.kv_receiver for d in reqs]
     t0 = time.perf_counter()
     q.pop_transferred()
@@ -148,18 +173,41 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     assert len(q._deferred_releases) == n, len(q._deferred_releases)
     t0 = time.perf_counter()
     q.resolve_deferred_releases()
-    t["scan"] = time.perf_counter() - t0
+    t["scan_first"] = time.perf_counter() - t0
+    steady = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        q.resolve_deferred_releases()
+        steady.append(time.perf_counter() - t0)
+    t["scan"] = statistics.median(steady)
     assert len(q._deferred_releases) == n
     msgs = [AbortAck(r.bootstrap_room, 0, r._abort_generation).to_zmq() for r in receivers]
+    k = max(1, n // 100)
     t0 = time.perf_counter()
-    for m in msgs:
+    for m in msgs[:k]:
         mgr.handle_abort_ack_message(m)
     t["ack"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     q.resolve_deferred_releases()
+    t["trickle"] = time.perf_counter() - t0
+    assert len(q._deferred_releases) == n - k, (len(q._deferred_releases), n, k)
+    # Exactly the k ACKed rooms were released (_do_release ends their receiver); every
+    # other one is still held, in order.
+    assert all(d.kv_receiver is None for d in reqs[:k])
+    assert [e[0] for e in q._deferred_releases] == reqs[k:]
+    t0 = time.perf_counter()
+    for m in msgs[k:]:
+        mgr.handle_abort_ack_message(m)
+    t["ack"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    q.resolve_deferred_releases()
     t["release"] = time.perf_counter() - t0
     assert not q._deferred_releases, len(q._deferred_releases)
-    return {k: v / n for k, v in t.items()}
+    out = {k2: v / n for k2, v in t.items()}
+    if n > k:
+        out["release"] = t["release"] / (n - k)
+    out["lifecycle"] = sum(out[p] for p in ("open", "abort", "pop", "scan_first", "ack", "release"))
+    return out
 
 
 class _FakeEngine:
@@ -261,12 +309,13 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     ks.install()  # attach the prefill gate when the manager is built, then toggle
     prefill_manager()
-    phases = ["open", "abort", "pop", "scan", "ack", "release", "prefill_chunk"]
+    phases = ["open", "abort", "pop", "scan_first", "scan", "ack", "trickle", "release",
+              "lifecycle", "prefill_chunk"]
     raw: Dict[int, Dict[str, Dict[str, List[float]]]] = {
         n: {rule: {p: [] for p in phases} for rule in ("stock", "kvfence")} for n in sizes}
     for rnd in range(args.rounds):
         for n in sizes:
-            reps = max(1, 2000 // n)
+            reps = max(3, 2000 // n)
             order = ("stock", "kvfence") if rnd % 2 == 0 else ("kvfence", "stock")
             for rule in order:
                 (ks.install if rule == "kvfence" else ks.uninstall)()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._config import Config
 
@@ -19,6 +19,50 @@ _lock = threading.Lock()
 config: Config = Config()
 decode_gates: "weakref.WeakSet[DecodeGate]" = weakref.WeakSet()
 prefill_gates: "weakref.WeakSet[PrefillGate]" = weakref.WeakSet()
+
+# The scheduler's per-iteration wrappers read the live decode gates (and their managers)
+# from tuples of weak references rebuilt only when a gate attaches or dies, not by
+# iterating the WeakSet (a generator: about 1 us even for one gate).
+_gate_refs: "Tuple[weakref.ReferenceType[DecodeGate], ...]" = ()
+_manager_refs: "Tuple[weakref.ReferenceType[Any], ...]" = ()
+_stale = True
+
+
+def _gate_died(_ref: Any) -> None:
+    global _stale
+    _stale = True
+
+
+def add_decode_gate(gate: "DecodeGate") -> None:
+    """Registers a new decode gate (``decode.attach``)."""
+    global _stale, _gate_refs
+    with _lock:
+        decode_gates.add(gate)
+        _gate_refs = _gate_refs + (weakref.ref(gate, _gate_died),)
+        _stale = True
+
+
+def _refresh() -> None:
+    global _stale, _gate_refs, _manager_refs
+    with _lock:
+        _stale = False
+        gates = [g for g in (r() for r in _gate_refs) if g is not None]
+        _gate_refs = tuple(weakref.ref(g, _gate_died) for g in gates)
+        _manager_refs = tuple(weakref.ref(m) for g in gates for m in list(g.managers))
+
+
+def decode_gate_refs() -> "Tuple[weakref.ReferenceType[DecodeGate], ...]":
+    """Weak references to the live decode gates (call each; ``None``: it died since)."""
+    if _stale:
+        _refresh()
+    return _gate_refs
+
+
+def decode_manager_refs() -> "Tuple[weakref.ReferenceType[Any], ...]":
+    """Weak references to the decode managers that have a gate."""
+    if _stale:
+        _refresh()
+    return _manager_refs
 
 
 class RankRegistry:

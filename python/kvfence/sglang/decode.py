@@ -15,13 +15,21 @@ SGLang method (0.5.23)                        what kvfence adds
                                               with them (``_do_release`` frees them together)
 ``CommonKVReceiver._send_abort_notification`` ``abort`` on the room; the ABORT carries the
                                               room's kvfence handle as its generation
-``CommonKVManager.register_deferred_abort_room`` returns that handle as the generation
+``CommonKVManager.register_deferred_abort_room`` returns that handle as the generation;
+                                              for a room kvfence holds, SGLang's ACK-set
+                                              entry is not made (nothing would read it)
 ``CommonKVManager.note_abort_ack``            ``quiesce(handle, rank)`` (ABORT_ACK = quiesce)
+                                              instead of SGLang's ACK set, for a room
+                                              kvfence holds; SGLang's own otherwise
 ``CommonKVManager.is_abort_release_safe``     "kvfence released this room" (rooms opened
                                               under kvfence), else SGLang's ACK count
 ``DecodeTransferQueue.resolve_deferred_releases`` drains kvfence's releases, applies the
                                               quarantine policy, and makes every deadline
-                                              infinite: time never releases a page
+                                              infinite: time never releases a page. With
+                                              one attention-TP rank and only kvfence rooms
+                                              held, SGLang's scan is skipped when kvfence
+                                              released nothing, and sees only the entries
+                                              kvfence released otherwise
 ``DecodeTransferQueue.pop_transferred``       holds every failed transfer, whatever
                                               ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
                                               says
@@ -212,20 +220,26 @@ class DecodeGate:
         return h in self.decided
 
     # -- decode_thread ---------------------------------------------------------------
-    def ack(self, room: int, prefill_rank: int, generation: Optional[int]) -> None:
-        """An ABORT_ACK: ``quiesce`` on the handle it carries."""
+    def ack(self, room: int, prefill_rank: int, generation: Optional[int]) -> bool:
+        """An ABORT_ACK: ``quiesce`` on the handle it carries. Returns whether that handle
+        is a room this gate holds (then the ACK is kvfence's alone, counted or ignored)."""
         if generation is None:
-            return
+            return False
         rec = self.records.get(generation)
+        if rec is None:
+            # Not a live kvfence room (released, or another gate's): SGLang's own.
+            self.ignored_acks += 1
+            return False
         # The room's own mapping: the instance may have been retired (heartbeat) since.
-        rank = rec.rank_of.get(prefill_rank) if rec is not None else None
+        rank = rec.rank_of.get(prefill_rank)
         if rank is None:
             self.ignored_acks += 1
-            return
+            return True
         try:
             self.table.quiesce(generation, rank)
         except kvfence.Error:
             self.ignored_acks += 1
+        return True
 
     # -- heartbeat thread ------------------------------------------------------------
     def node_failed(self, addr: str) -> None:
@@ -281,29 +295,38 @@ class DecodeGate:
         return released
 
 
+_KEY = "_kvfence_gate"  # the gate, in a decode manager's __dict__
+_HANDLE = "_kvfence_handle"  # the room's kvfence handle, in a receiver's __dict__
+_NO_DICT: Dict[str, Any] = {}
+
+
 def _gate(mgr: Any) -> Optional[DecodeGate]:
-    return mgr.__dict__.get("_kvfence_gate") if mgr is not None else None
+    return mgr.__dict__.get(_KEY) if mgr is not None else None
 
 
 def attach(mgr: Any) -> DecodeGate:
     """Attaches a gate to a decode manager (from the wrapped ``__init__``)."""
     gate = DecodeGate(kvfence.RoomTable(_state.config.rooms))
     gate.managers.add(mgr)
-    mgr.__dict__["_kvfence_gate"] = gate
+    mgr.__dict__[_KEY] = gate
     # Mooncake sends the generation-tagged drain ACK; kvfence needs it whatever
     # SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE says.
     mgr.enable_deferred_decode_kv_release = True
-    _state.decode_gates.add(gate)
+    _state.add_decode_gate(gate)
     return gate
 
 
 # ----------------------------------------------------------------------------- wrappers
+#
+# These run on SGLang's hot paths (per request, per scheduler iteration): each reads what
+# it needs once (no helper calls, no imports, no logging) and skips SGLang's own
+# bookkeeping only where kvfence's replaces it for a kvfence room.
 
 
 def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
     def send_metadata(self: Any, kv_indices: Any, aux_index: Optional[int] = None,
                       state_indices: Optional[List[Any]] = None, *a: Any, **kw: Any) -> Any:
-        gate = _gate(self.kv_mgr)
+        gate = self.kv_mgr.__dict__.get(_KEY)
         if gate is not None and getattr(self, "bootstrap_infos", None) is not None:
             if gate.open_room(self, kv_indices, aux_index, state_indices) is None:
                 return None
@@ -313,29 +336,40 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _send_abort_notification(self: Any, *, force_arm: bool = False) -> Any:
-        h = self.__dict__.get("_kvfence_handle")
-        gate = _gate(self.kv_mgr)
-        if h is None or gate is None:
+        h = self.__dict__.get(_HANDLE)
+        mgr = self.kv_mgr
+        gate = mgr.__dict__.get(_KEY) if h is not None else None
+        if gate is None:
             return orig(self, force_arm=force_arm)
         gate.abort(h)
         # Arm and accept the drain ACK whatever the deferred-release flag says.
-        self.kv_mgr.enable_deferred_decode_kv_release = True
-        _tls.handle = h
+        mgr.enable_deferred_decode_kv_release = True
+        tls = _tls
+        tls.handle = h
         try:
             # force_arm: the room exists, so some destinations may be published.
             return orig(self, force_arm=True)
         finally:
-            _tls.handle = None
+            tls.handle = None
     return _send_abort_notification
 
 
 def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any]:
     def register_deferred_abort_room(self: Any, bootstrap_room: int) -> int:
-        generation = orig(self, bootstrap_room)
         h: Optional[int] = getattr(_tls, "handle", None)
+        if h is not None:
+            gate = self.__dict__.get(_KEY)
+            if gate is not None and h in gate.records:
+                # A live kvfence room: the wire generation is its handle (the ACK brings it
+                # back) and kvfence, not SGLang's ACK set, decides its release
+                # (is_abort_release_safe below), so SGLang's tracker entry would never be
+                # read: it is not made.
+                return h
+        generation = orig(self, bootstrap_room)
         if h is None:
             return int(generation)
-        # The wire generation is the room's kvfence handle: the ACK brings it back.
+        # A room kvfence no longer holds (released since): SGLang's tracker counts its
+        # ACKs, under the handle the ABORT carries.
         self._deferred_abort_ack_tracker[bootstrap_room].generation = h
         return h
     return register_deferred_abort_room
@@ -344,20 +378,23 @@ def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any
 def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
     def note_abort_ack(self: Any, bootstrap_room: int, prefill_rank: int,
                        generation: int) -> None:
+        gate = self.__dict__.get(_KEY)
+        if gate is not None and gate.ack(bootstrap_room, prefill_rank, generation):
+            # A live kvfence room: quiesce replaced SGLang's ACK set, which has no entry
+            # under this generation (register_deferred_abort_room made none).
+            return
         orig(self, bootstrap_room, prefill_rank, generation)
-        gate = _gate(self)
-        if gate is not None:
-            gate.ack(bootstrap_room, prefill_rank, generation)
     return note_abort_ack
 
 
 def _is_abort_release_safe(orig: Callable[..., Any]) -> Callable[..., Any]:
     def is_abort_release_safe(self: Any, bootstrap_room: int, required_acks: int) -> bool:
-        gate = _gate(self)
+        gate = self.__dict__.get(_KEY)
         if gate is not None:
-            decided = gate.is_released(bootstrap_room)
-            if decided is not None:
-                return decided
+            h = gate.room_handle.get(bootstrap_room)
+            if h is not None:
+                # A kvfence room: kvfence's decision, not SGLang's ACK count.
+                return h in gate.decided
         return bool(orig(self, bootstrap_room, required_acks))
     return is_abort_release_safe
 
@@ -380,18 +417,32 @@ def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
     inf = math.inf
 
     def resolve_deferred_releases(self: Any) -> Any:
-        decided = False
-        for gate in list(_state.decode_gates):
+        decided: Optional[Dict[int, str]] = None  # the one gate's decisions, if one gate
+        any_decided = False
+        n = 0
+        for ref in _state.decode_gate_refs():
+            gate = ref()
+            if gate is None:
+                continue
             gate.drain()
-            decided = decided or bool(gate.decided)
+            n += 1
+            decided = gate.decided
+            if decided:
+                any_decided = True
+        if n != 1:
+            decided = None
         held = self._deferred_releases
         if not held:
             return orig(self)
         d = self.__dict__
-        if d.get("_kvfence_list") is held:
-            start, ungated = d["_kvfence_checked"], d["_kvfence_ungated"]
+        checked = d.get("_kvfence_checked", 0)
+        if d.get("_kvfence_list") is held and checked <= len(held) \
+                and (checked == 0 or held[checked - 1] is d["_kvfence_last"]):
+            start, ungated, entry_of = checked, d["_kvfence_ungated"], d["_kvfence_entries"]
         else:
-            start, ungated = 0, 0
+            # A new list (SGLang's own scan made it), or one changed in place: all again.
+            start, ungated, entry_of = 0, 0, {}
+        # Entries held since the last call (each is checked once, not every iteration).
         for i in range(start, len(held)):
             # Time never releases a page: SGLang's deadline (index 2 of each entry,
             # "(decode_req, start_time, deadline, metadata_idx, required_acks)") is made
@@ -399,16 +450,47 @@ def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
             e = held[i]
             if e[2] != inf:
                 held[i] = e = (e[0], e[1], inf) + tuple(e[3:])
-            recv = e[0].kv_receiver
-            if getattr(recv, "__dict__", {}).get("_kvfence_handle") is None:
+            h = getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE)
+            if h is None:
                 ungated += 1
-        d["_kvfence_list"], d["_kvfence_checked"], d["_kvfence_ungated"] = held, len(held), ungated
-        if not decided and ungated == 0 and _single_rank(self):
+            else:
+                entry_of[h] = e
+        d["_kvfence_list"], d["_kvfence_checked"], d["_kvfence_last"] = held, len(held), held[-1]
+        d["_kvfence_ungated"], d["_kvfence_entries"] = ungated, entry_of
+        if ungated or not _single_rank(self):
+            # A room kvfence does not gate is held, or more than one attention-TP rank
+            # (SGLang's all_reduce_flags must run on every rank): SGLang's own scan.
+            return orig(self)
+        if not any_decided:
             # Every held entry is a kvfence room and kvfence released none since the last
-            # call: SGLang's scan would release nothing. (With more than one attention-TP
-            # rank the scan always runs: its all_reduce_flags must run on every rank.)
+            # call: SGLang's scan would release nothing.
             return None
-        return orig(self)
+        if decided is None:
+            return orig(self)
+        # Only the entries kvfence released go through SGLang's scan (each is drained, so
+        # SGLang releases it with _do_release); the others stay held, in order, unscanned.
+        ready = [entry_of.pop(h) for h in list(decided) if h in entry_of]
+        if not ready:
+            return None
+        if len(ready) == len(held):
+            held.clear()
+        else:
+            gone = {id(e) for e in ready}  # by identity: entries are never compared
+            held[:] = [e for e in held if id(e) not in gone]
+        self._deferred_releases = ready
+        try:
+            return orig(self)
+        finally:
+            left = self._deferred_releases  # what SGLang did not release (none, normally)
+            self._deferred_releases = held
+            if left:
+                held.extend(left)
+                for e in left:
+                    h = getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE)
+                    if h is not None:
+                        entry_of[h] = e
+            d["_kvfence_checked"] = len(held)
+            d["_kvfence_last"] = held[-1] if held else None
     return resolve_deferred_releases
 
 
@@ -417,8 +499,9 @@ def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
         # Hold every failed transfer until kvfence releases it, whatever the
         # deferred-release flag says (legacy mode freed at once).
         self.enable_deferred_kv_release = True
-        for gate in list(_state.decode_gates):
-            for mgr in list(gate.managers):
+        for ref in _state.decode_manager_refs():
+            mgr = ref()
+            if mgr is not None:
                 mgr.enable_deferred_decode_kv_release = True
         return orig(self, rids_to_check)
     return pop_transferred
@@ -427,9 +510,10 @@ def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _do_release(self: Any, decode_req: Any, idx: int) -> Any:
         recv = decode_req.kv_receiver
-        h = recv.__dict__.get("_kvfence_handle") if hasattr(recv, "__dict__") else None
-        gate = _gate(getattr(recv, "kv_mgr", None))
-        if h is None or gate is None:
+        h = getattr(recv, "__dict__", _NO_DICT).get(_HANDLE)
+        mgr = getattr(recv, "kv_mgr", None) if h is not None else None
+        gate = mgr.__dict__.get(_KEY) if mgr is not None else None
+        if gate is None:
             return orig(self, decode_req, idx)
         reason = gate.decided.pop(h, None)
         rec = gate.decided_records.pop(h, None)
@@ -446,17 +530,23 @@ def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _do_release
 
 
+_SUCCESS: Any = None  # KVPoll.Success (set by patches(), which imports SGLang)
+
+
 def _clear(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _clear(self: Any) -> Any:
-        h = self.__dict__.get("_kvfence_handle")
-        gate = _gate(self.kv_mgr) if h is not None else None
-        status = self.kv_mgr.request_status.get(self.bootstrap_room) if gate else None
+        h = self.__dict__.get(_HANDLE)
+        if h is None:
+            return orig(self)
+        mgr = self.kv_mgr
+        gate = mgr.__dict__.get(_KEY)
+        if gate is None:
+            return orig(self)
+        success = mgr.request_status.get(self.bootstrap_room) == _SUCCESS
         out = orig(self)
-        if gate is not None and h is not None:
-            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-            if status == KVPoll.Success and gate.records.get(h) is not None \
-                    and gate.records[h].aborted_at is None:
+        if success:
+            rec = gate.records.get(h)
+            if rec is not None and rec.aborted_at is None:
                 gate.finish(h)
         return out
     return _clear
@@ -475,8 +565,11 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
 def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """The decode-side wrappers, as ``(class, method, make_wrapper)``."""
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.decode import DecodeTransferQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
+    global _SUCCESS
+    _SUCCESS = KVPoll.Success
     return [
         (CommonKVReceiver, "send_metadata", _send_metadata),
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),

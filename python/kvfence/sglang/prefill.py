@@ -86,20 +86,27 @@ class PrefillGate:
                     del self.room_handle[room]
                     del self.released[h]
 
+    def begin(self, h: int, session_id: str) -> Optional[Any]:
+        """Begins a transfer on handle ``h`` for the write to ``session_id``; ``None`` if
+        the room is aborted (or finished and released): that chunk is not written."""
+        peer = self.peer_ids.get(session_id)
+        if peer is None:
+            peer = self.peer_ids[session_id] = self.peers.ids(session_id, [0])[0]
+        try:
+            return self.table.begin_transfer(h, peer)
+        except (kvfence.RoomClosed, kvfence.StaleHandle):
+            # SGLang has marked the room Failed, so it concludes Failed whatever the write
+            # returns.
+            self.refused_chunks += 1
+            return None
+
     def write(self, room: Optional[int], session_id: str, fn: Callable[[], int]) -> int:
         """Runs one write under a transfer on ``room``'s kvfence room."""
         h = self.room_handle.get(room) if room is not None else None
         if h is None:
             return fn()
-        peer = self.peer_ids.get(session_id)
-        if peer is None:
-            peer = self.peer_ids[session_id] = self.peers.ids(session_id, [0])[0]
-        try:
-            t = self.table.begin_transfer(h, peer)
-        except (kvfence.RoomClosed, kvfence.StaleHandle):
-            # Aborted (or finished and released): this chunk is not written. SGLang has
-            # marked the room Failed, so it concludes Failed whatever we return.
-            self.refused_chunks += 1
+        t = self.begin(h, session_id)
+        if t is None:
             return 0
         try:
             ret = fn()
@@ -178,14 +185,18 @@ def attach(mgr: Any) -> PrefillGate:
     return gate
 
 
+_KEY = "_kvfence_gate"  # the gate, in a prefill manager's __dict__
+
+
 class _RoomTrackingQueue:
     """The worker's queue, telling the write wrappers which room a chunk is for."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self._get = inner.get
 
     def get(self, *a: Any, **kw: Any) -> Any:
-        chunk = self._inner.get(*a, **kw)
+        chunk = self._get(*a, **kw)
         _tls.room = getattr(chunk, "room", None)
         return chunk
 
@@ -222,21 +233,43 @@ def _transfer_worker(orig: Callable[..., Any]) -> Callable[..., Any]:
     return transfer_worker
 
 
+# The write wrappers run once per chunk (and per metadata row / state send) on the
+# transfer worker: inline, no closure per call, no helper calls.
+
+
 def _kv_write(orig: Callable[..., Any]) -> Callable[..., Any]:
     def write(self: Any, mooncake_session_id: str, *a: Any, **kw: Any) -> Any:
-        gate = _gate(self)
+        gate = self.__dict__.get(_KEY)
         if gate is None:
             return orig(self, mooncake_session_id, *a, **kw)
-        ret = gate.write(getattr(_tls, "room", None), mooncake_session_id,
-                         lambda: orig(self, mooncake_session_id, *a, **kw))
-        gate.pump(self)
+        h = gate.room_handle.get(getattr(_tls, "room", None))
+        if h is None:
+            ret = orig(self, mooncake_session_id, *a, **kw)
+        else:
+            t = gate.begin(h, mooncake_session_id)
+            if t is None:
+                return 0  # refused: the room is aborted, nothing is submitted
+            try:
+                ret = orig(self, mooncake_session_id, *a, **kw)
+            except BaseException:
+                t.fail()
+                gate.failed_transfers += 1
+                raise
+            if ret == 0:
+                t.complete()
+            else:
+                # -1: Mooncake may still be writing (no cancel): never "drained".
+                t.fail()
+                gate.failed_transfers += 1
+        if gate.table.queued_releases():
+            gate.pump(self)
         return ret
     return write
 
 
 def _req_write(orig: Callable[..., Any]) -> Callable[..., Any]:
     def write(self: Any, req: Any, *a: Any, **kw: Any) -> Any:
-        gate = _gate(self)
+        gate = self.__dict__.get(_KEY)
         if gate is None:
             return orig(self, req, *a, **kw)
         ret = gate.write(int(req.room), req.mooncake_session_id,
@@ -266,9 +299,15 @@ def _handle_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _maybe_ack_drained_abort(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _maybe_ack_drained_abort(self: Any, room: int) -> None:
-        gate = _gate(self)
-        if gate is not None and gate.holds_ack(room):
-            return None
+        gate = self.__dict__.get(_KEY)
+        if gate is not None:
+            h = gate.room_handle.get(room)
+            if h is not None:
+                # Held while kvfence's room is not released (transfers in flight), and
+                # for good once quarantined (a write of it failed).
+                reason = gate.released.get(h)
+                if reason is None or reason == "quarantined":
+                    return None
         orig(self, room)
         return None
     return _maybe_ack_drained_abort

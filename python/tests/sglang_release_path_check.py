@@ -1,0 +1,88 @@
+"""Run by test_sglang_adapter.py in a subprocess (the benchmark's fakes patch SGLang's
+module globals): kvfence.sglang's release path on SGLang's real DecodeTransferQueue,
+at the sizes the benchmark uses. Exits non-zero (an AssertionError) on any violation."""
+
+import math
+import os
+import sys
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "..", "e2e", "sglang", "bench"))
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+
+import torch.distributed as dist  # noqa: E402
+
+import bench_release_path as b  # noqa: E402
+import kvfence.sglang as ks  # noqa: E402
+
+dist.init_process_group("gloo", rank=0, world_size=1)
+ks.install()
+# The lifecycle asserts: every aborted room held after the pop; the ACKs of 1 % release
+# exactly those (the rest stay held, in order); the other ACKs release the rest.
+for n in (1, 10, 300):
+    for on in (False, True):
+        b.decode_lifecycle(n, on)
+gate = b._decode_mgrs[True].__dict__["_kvfence_gate"]
+assert not gate.records and not gate.decided and not gate.room_handle, gate
+
+# SGLang clears the held list in place (release_memory_occupation) and holds new entries
+# whose deadlines have passed: the wrapper must see them as new (no timed release).
+import sglang.srt.disaggregation.decode as dec  # noqa: E402
+
+orig_defer = dec.DecodeTransferQueue._defer_release
+seen = {}
+
+
+def capture(self, decode_req):  # the queue the lifecycle builds, kept for the check below
+    seen["q"] = self
+    return orig_defer(self, decode_req)
+
+
+dec.DecodeTransferQueue._defer_release = capture
+released = []
+orig_do = dec.DecodeTransferQueue._do_release
+dec.DecodeTransferQueue._do_release = lambda self, r, idx: (released.append(r), orig_do(self, r, idx))
+try:
+    b.decode_lifecycle(20, True)
+finally:
+    dec.DecodeTransferQueue._defer_release = orig_defer
+q = seen["q"]
+assert not q._deferred_releases
+reqs = released[:]
+released.clear()
+
+
+class _Receiver:  # a receiver kvfence does not gate (no room): SGLang's ACK count decides
+    kv_mgr = b._decode_mgrs[True]
+    abort_notified = True
+
+    def clear(self):
+        pass
+
+
+def hold(batch, handle=None):
+    past = time.monotonic() - 1.0  # SGLang's deadline has passed
+    for r in batch:
+        r.kv_receiver = _Receiver()
+        if handle is not None:  # counted as a kvfence room (one kvfence never releases)
+            r.kv_receiver._kvfence_handle = handle
+        q._deferred_releases.append((r, past, past, 0, 1))
+
+
+hold(reqs[:5], handle=(1 << 127) + 12345)
+q.resolve_deferred_releases()  # all "kvfence rooms", none released: the list is kept
+assert not released, "released on a deadline: %r" % released
+# In place, as release_memory_occupation does; then as many new entries as before (rooms
+# kvfence does not gate, deadlines passed), then one more: SGLang's own scan runs.
+q._deferred_releases.clear()
+hold(reqs[5:10])
+q.resolve_deferred_releases()
+hold(reqs[10:11])
+for _ in range(3):
+    q.resolve_deferred_releases()
+assert not released, "released on a deadline after an in-place clear: %r" % released
+assert all(e[2] == math.inf for e in q._deferred_releases), q._deferred_releases
+print("release path OK")
+os._exit(0)
