@@ -1,6 +1,7 @@
 """Per-step cost of kvfence's NIXL connector against stock vLLM 0.33.0, side by side.
 
-Run (from the repository root; ~5 min on the 2-core dev box; ``KVFENCE_BENCH_ROUNDS``,
+Run (from the repository root; on the 2-core dev box ~1 min with KVFENCE_BENCH_N=10,1000,
+~25 min loaded with 10,000, nearly all of it building the two 10,000-request schedulers; ``KVFENCE_BENCH_ROUNDS``,
 ``KVFENCE_BENCH_STEPS`` and ``KVFENCE_BENCH_N`` change the rounds, steps and sizes)::
 
     KVFENCE_SWAP=0 e2e/vllm/pytest.sh -q -s -p tests.conftest \
