@@ -1,8 +1,9 @@
 """Per-step cost of kvfence's NIXL connector against stock vLLM 0.33.0, side by side.
 
-Run (from the repository root; on the 2-core dev box ~1 min with KVFENCE_BENCH_N=10,1000,
-~25 min loaded with 10,000, nearly all of it building the two 10,000-request schedulers; ``KVFENCE_BENCH_ROUNDS``,
-``KVFENCE_BENCH_STEPS`` and ``KVFENCE_BENCH_N`` change the rounds, steps and sizes)::
+Run (from the repository root; on the 2-core dev box ~1 min with
+``KVFENCE_BENCH_N=10,1000``, ~25 min loaded with 10,000, nearly all of it building the
+two 10,000-request schedulers; ``KVFENCE_BENCH_ROUNDS``, ``KVFENCE_BENCH_STEPS``,
+``KVFENCE_BENCH_CHUNKS`` and ``KVFENCE_BENCH_N`` change rounds, steps, chunks and sizes)::
 
     KVFENCE_SWAP=0 e2e/vllm/pytest.sh -q -s -p tests.conftest \
         -p tests.v1.kv_connector.unit.conftest $PWD/e2e/vllm/bench/bench_step.py
