@@ -247,10 +247,20 @@ class _KvfenceWorkerMixin:
         self._kvf_released_sends: Dict[str, None] = {}
         self._kvf_events: List[Tuple[str, str, str]] = []
         self._kvf_tls = threading.local()
+        # The policy scan (_kvf_policies) runs only when it can find something: at
+        # _kvf_scan_due, the earliest time a transfer may become stuck or a lapsed room
+        # due for quarantine (a lower bound, computed by the previous scan), or when the
+        # clock went back before _kvf_scan_at (the previous scan's time).
+        self._kvf_scan_at = 0.0
+        self._kvf_scan_due = 0.0
+        self._kvf_ready = True
+
+    #: False until _kvf_init ran on this instance (read on the hot path instead of a call).
+    _kvf_ready = False
 
     def _kvf_ensure(self) -> None:
         """Initialises kvfence's state if ``__init__`` was bypassed (``__new__`` in tests)."""
-        if "_kvf_lock" not in self.__dict__:
+        if not self._kvf_ready:
             self._kvf_init(getattr(self, "vllm_config", None))
 
     # ---------------------------------------------------------------- bookkeeping
@@ -260,7 +270,10 @@ class _KvfenceWorkerMixin:
 
     def kvfence_take_events(self) -> Optional[KvfenceWorkerMeta]:
         """The events since the last call, as connector metadata (None if none)."""
-        self._kvf_ensure()
+        if not self._kvf_ready:
+            self._kvf_ensure()
+        if not self._kvf_events:
+            return None  # the common step: no lock, no object (a racing append: next step)
         with self._kvf_lock:
             if not self._kvf_events:
                 return None
@@ -304,6 +317,7 @@ class _KvfenceWorkerMixin:
             except (kvfence.RoomClosed, kvfence.StaleHandle):
                 return None
             xf = _Xfer(x, req_id, side, engine, time.perf_counter())
+            self._kvf_xfers.pop(key, None)  # (a reused key goes to the end: t0 order)
             self._kvf_xfers[key] = xf
             if isinstance(key, int):
                 self._kvf_handles.setdefault((side, req_id), []).append(key)
@@ -447,7 +461,8 @@ class _KvfenceWorkerMixin:
         costs O(requests done), not O(handles in flight): a handle that is DONE while a
         sibling of its request is still in progress stays a live transfer until the
         request is done (holding longer is the safe side)."""
-        self._kvf_ensure()
+        if not self._kvf_ready:
+            self._kvf_ensure()
         done, failed = super()._pop_done_transfers(transfers)  # type: ignore[misc]
         if self._kvf_to_fence and transfers is self._recving_transfers:
             # A handle failed in this poll: tear its peer down and fence it now, so that
@@ -505,16 +520,24 @@ class _KvfenceWorkerMixin:
         super()._log_failure(failure_type, req_id, *args, **kw)  # type: ignore[misc]
 
     def _reap_expired_send_leases(self, done_sending: Set[str]) -> None:
-        """A lapsed lease aborts the send room; it frees nothing (stock: reported sent)."""
-        self._kvf_ensure()
-        if not self._reqs_to_send:
+        """A lapsed lease aborts the send room; it frees nothing (stock: reported sent).
+
+        Like vLLM's, it looks at every lease (heartbeats move deadlines in place, so the
+        map is not in expiry order); the common step, none lapsed, is one ``min()``."""
+        to_send = self._reqs_to_send
+        if not to_send:
             return
         now = time.perf_counter()
-        expired = [r for r, t in self._reqs_to_send.items() if now >= t]
+        if now < min(to_send.values()):
+            return  # none lapsed: the same answer as the scan below, without it
+        expired = [r for r, t in to_send.items() if now >= t]
+        if not self._kvf_ready:
+            self._kvf_ensure()
         with self._kvf_lock:
             for req_id in expired:
                 del self._reqs_to_send[req_id]
                 # Kept in _reqs_to_process: a late completion notif still ends the READ.
+                self._kvf_lapsed.pop(req_id, None)  # (to the end: lapse order)
                 self._kvf_lapsed[req_id] = now
                 self._kvf_close(_SEND, req_id, abort=True)
                 logger.warning(
@@ -527,13 +550,35 @@ class _KvfenceWorkerMixin:
     # ------------------------------------------------------------ per-step driver
 
     def _kvf_policies(self) -> None:
-        """Stuck handles -> teardown; lapsed unreported rooms -> quarantine; teardowns."""
-        self._kvf_ensure()
+        """Stuck handles -> teardown; lapsed unreported rooms -> quarantine; teardowns.
+
+        The common step does neither scan nor teardown: nothing can be stuck or due for
+        quarantine before ``_kvf_scan_due`` (see :meth:`_kvf_scan`), and there is nothing
+        to tear down while ``_kvf_to_fence`` is empty."""
+        if not self._kvf_ready:
+            self._kvf_ensure()
         now = time.perf_counter()
+        if not self._kvf_scan_at <= now < self._kvf_scan_due:
+            self._kvf_scan(now)
+        if self._kvf_to_fence:
+            self._kvf_teardowns()
+
+    def _kvf_scan(self, now: float) -> None:
+        """The policy scan; sets ``_kvf_scan_due`` to the earliest time a later scan can
+        find something new. ``_kvf_xfers`` is in ``t0`` order (a transfer is inserted
+        when it begins; one re-keyed in push mode restarts its clock), so the scan stops
+        at the first transfer younger than ``kvfence_stuck_handle_s``, and until that
+        one is old nothing behind it can be; the scan before it acted on (or skips for
+        good: failed, no peer, peer already queued) every older one. Likewise for the
+        lapsed rooms (in lapse order). A transfer or lapse that begins later has
+        ``t0 >= now``: it is due no earlier than ``now`` + its limit."""
+        stuck_s = self._kvf_stuck_s
+        due = now + stuck_s
         with self._kvf_lock:
             for xf in self._kvf_xfers.values():
-                if now - xf.t0 < self._kvf_stuck_s:
-                    break  # insertion order = begin order
+                if now - xf.t0 < stuck_s:
+                    due = xf.t0 + stuck_s
+                    break  # t0 order
                 if xf.failed or xf.engine is None or xf.engine in self._kvf_to_fence:
                     continue
                 logger.warning(
@@ -546,13 +591,17 @@ class _KvfenceWorkerMixin:
                 )
                 self._kvf_event("handle_stuck", xf.req_id, xf.engine)
                 self._kvf_to_fence[xf.engine] = "stuck handle"
-            if self._kvf_quarantine_s > 0:
+            q_s = self._kvf_quarantine_s
+            if q_s > 0:
+                due = min(due, now + q_s)
                 for req_id, t in list(self._kvf_lapsed.items()):
-                    if now - t < self._kvf_quarantine_s:
+                    if now - t < q_s:
+                        due = min(due, t + q_s)
                         break
                     del self._kvf_lapsed[req_id]
                     self._kvf_quarantine(_SEND, req_id, "lapsed, never read back")
-        self._kvf_teardowns()
+            self._kvf_scan_at = now
+            self._kvf_scan_due = due
 
     def _kvf_teardowns(self) -> None:
         """Tears down (vLLM's ``_cleanup_remote_engine``) and fences each queued peer."""
@@ -574,7 +623,16 @@ class _KvfenceWorkerMixin:
 
     def _kvf_filter(self, results: KVConnectorTransferResults) -> KVConnectorTransferResults:
         """Reports a request only once kvfence has released its room."""
-        self._kvf_ensure()
+        if not self._kvf_ready:
+            self._kvf_ensure()
+        if not results.finished_sending and not results.finished_recving:
+            # The common step: nothing reported, nothing to close. The table's release
+            # queue is lock-free; the maps are taken under the lock only if it has any.
+            released = self.kvfence_table.drain_released()
+            if released:
+                with self._kvf_lock:
+                    self._kvf_report(released, results)
+            return results
         with self._kvf_lock:
             for req_id in list(results.finished_sending):
                 key = (_SEND, req_id)
@@ -594,32 +652,37 @@ class _KvfenceWorkerMixin:
                     self._kvf_complete(key)  # push: the prefill's completion notifs
                 self._kvf_held[key] = failed
                 self._kvf_close(_RECV, req_id, abort=False)
-            for r in self.kvfence_table.drain_released():
-                side, req_id = self._kvf_req_of.pop(r.handle)
-                del self._kvf_room[(side, req_id)]
-                self._kvf_handles.pop((side, req_id), None)
-                if r.reason == "quarantined":
-                    self._kvf_held.pop((side, req_id), None)
-                    continue  # never freed
-                if side == _SEND:
-                    self._kvf_released_sends[req_id] = None
-                    if len(self._kvf_released_sends) > _TOMBSTONES:
-                        del self._kvf_released_sends[next(iter(self._kvf_released_sends))]
-                    if self._kvf_lapsed.pop(req_id, None) is not None:
-                        self._kvf_event("released_after_lapse", req_id, "")
-                    self._reqs_to_process.discard(req_id)
-                    self._reqs_to_send.pop(req_id, None)
-                    results.finished_sending.add(req_id)
-                else:
-                    failed = self._kvf_held.pop((_RECV, req_id), False)
-                    results.finished_recving.add(req_id)
-                    if failed:
-                        results.failed_recving.add(req_id)
+            self._kvf_report(self.kvfence_table.drain_released(), results)
         return results
+
+    def _kvf_report(self, released: List[Any], results: KVConnectorTransferResults) -> None:
+        """Adds the requests of the released rooms to vLLM's report (under the lock)."""
+        for r in released:
+            side, req_id = self._kvf_req_of.pop(r.handle)
+            del self._kvf_room[(side, req_id)]
+            self._kvf_handles.pop((side, req_id), None)
+            if r.reason == "quarantined":
+                self._kvf_held.pop((side, req_id), None)
+                continue  # never freed
+            if side == _SEND:
+                self._kvf_released_sends[req_id] = None
+                if len(self._kvf_released_sends) > _TOMBSTONES:
+                    del self._kvf_released_sends[next(iter(self._kvf_released_sends))]
+                if self._kvf_lapsed.pop(req_id, None) is not None:
+                    self._kvf_event("released_after_lapse", req_id, "")
+                self._reqs_to_process.discard(req_id)
+                self._reqs_to_send.pop(req_id, None)
+                results.finished_sending.add(req_id)
+            else:
+                failed = self._kvf_held.pop((_RECV, req_id), False)
+                results.finished_recving.add(req_id)
+                if failed:
+                    results.failed_recving.add(req_id)
 
     def _kvf_track_sends(self, metadata: NixlConnectorMetadata) -> None:
         """Opens a send room for each request whose blocks now wait for a remote."""
-        self._kvf_ensure()
+        if not self._kvf_ready:
+            self._kvf_ensure()
         for req_id in metadata.reqs_to_send:
             if req_id in self._reqs_to_send:
                 self._kvf_open_send(req_id)
@@ -650,9 +713,11 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
 
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         """vLLM's; then a send room per request handed to a decode."""
-        self._kvf_ensure()
+        if not self._kvf_ready:
+            self._kvf_ensure()
         super().start_load_kv(metadata)
-        self._kvf_track_sends(metadata)
+        if metadata.reqs_to_send:
+            self._kvf_track_sends(metadata)
 
     def _read_blocks_for_req(self, req_id: str, meta: ReqMeta) -> None:
         """vLLM's READ posting; every handle it posted becomes a transfer (peer = the
@@ -687,9 +752,11 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         """vLLM's; then send rooms (prefill) and "the prefill may WRITE" transfers
         (decode, peer = the prefill engine) for the registrations sent this step."""
-        self._kvf_ensure()
+        if not self._kvf_ready:
+            self._kvf_ensure()
         super().start_load_kv(metadata)
-        self._kvf_track_sends(metadata)
+        if metadata.reqs_to_send:
+            self._kvf_track_sends(metadata)
         for req_id in metadata.push_registrations or ():
             key = (_RECV, req_id)
             if key not in self._kvf_xfers and key not in self._kvf_room:
@@ -721,6 +788,9 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
             if mine is None:
                 pass  # a fence swept it meanwhile: the teardown covers this WRITE
             elif handle is not None:
+                # Re-keyed, it moves to the end of _kvf_xfers: its clock restarts at the
+                # post, so that the map stays in t0 order (what _kvf_scan relies on).
+                mine.t0 = time.perf_counter()
                 self._kvf_xfers[handle] = mine
                 self._kvf_handles.setdefault((_SEND, request_id), []).append(handle)
             elif getattr(self._kvf_tls, "post_failed", False):
