@@ -71,23 +71,9 @@ build_venv() {
     date -u > "$VENV/.complete"
 }
 
-install_kvfence() {
-    local hash
-    hash=$(cd "$root" && find python src Cargo.toml Cargo.lock -type f \
-            \( -name '*.rs' -o -name '*.toml' -o -name '*.py' -o -name '*.pyi' -o -name '*.lock' -o -name py.typed \) \
-            -not -path '*/target/*' -not -path '*/tests/*' -not -path '*/__pycache__/*' 2>/dev/null \
-        | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
-    if [ "$(cat "$VENV/.kvfence-src" 2>/dev/null)" = "$hash" ] \
-        && "$VENV/bin/python" -c 'import kvfence.sglang' 2>/dev/null; then
-        return 0
-    fi
-    log "installing kvfence from $root/python (maturin)"
-    (cd "$root" && PATH="$VENV/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/sglang-cargo}" \
-        "$VENV/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python) \
-        || { log "building kvfence failed"; exit 1; }
-    echo "$hash" > "$VENV/.kvfence-src"
-}
+# install_kvfence VENV MODULE CARGO_TARGET
+. "$root/e2e/install-kvfence.sh"
 
 build_venv
-install_kvfence
+install_kvfence "$VENV" kvfence.sglang "$root/target/sglang-cargo"
 if [ "${1:-}" = --print ]; then echo "$VENV"; else log "ready: $VENV"; fi

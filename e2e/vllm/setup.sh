@@ -78,24 +78,9 @@ build_env() {
     touch "$ENV/.complete"
 }
 
-install_kvfence() {
-    # Reinstall kvfence when its sources differ from the last install's.
-    local want have stamp="$ENV/.kvfence-sources"
-    want=$(cd "$root" && find python src Cargo.toml Cargo.lock -type f \
-        \( -name '*.rs' -o -name '*.toml' -o -name '*.py' -o -name '*.pyi' -o -name '*.lock' \) \
-        -not -path '*/target/*' -not -path '*/__pycache__/*' -print0 | sort -z \
-        | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
-    have=$(cat "$stamp" 2>/dev/null)
-    if [ "$want" = "$have" ] && "$VENV/bin/python" -c 'import kvfence.vllm' 2>/dev/null; then
-        return 0
-    fi
-    log "building kvfence (pip install ./python, maturin)"
-    (cd "$root" && PATH="$VENV/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
-        "$VENV/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python) \
-        || { log "building kvfence failed"; exit 1; }
-    echo "$want" > "$stamp"
-}
+# install_kvfence VENV MODULE CARGO_TARGET
+. "$root/e2e/install-kvfence.sh"
 
 if [ ! -f "$ENV/.complete" ]; then build_env; fi
-install_kvfence
+install_kvfence "$VENV" kvfence.vllm "$root/target"
 echo "$ENV"
