@@ -364,7 +364,7 @@ class _KvfenceWorkerMixin:
             return
         try:
             self.kvfence_table.quarantine(h)
-        except (kvfence.StaleHandle, kvfence.Error):
+        except kvfence.Error:  # stale or released meanwhile: nothing to quarantine
             return
         self._reqs_to_process.discard(req_id)  # a later notification changes nothing
         logger.warning(

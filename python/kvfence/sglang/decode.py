@@ -202,7 +202,7 @@ class DecodeGate:
         """Takes the room out of circulation for good (its pages are never freed)."""
         try:
             self.table.quarantine(h)
-        except (kvfence.StaleHandle, kvfence.Error):
+        except kvfence.Error:  # stale or released meanwhile: nothing to quarantine
             return
         rec = self.records.get(h)
         pages = rec.held_pages if rec else 0
