@@ -4,23 +4,24 @@
 #   loom-tests/run.sh            # from anywhere; uses $CARGO_TARGET_DIR (default: target)
 #
 # 1. Runs the whole model suite with `--cfg loom`: every model must pass.
-# 2. Rebuilds with each test-only protocol mutation of the library and runs, one by one and
-#    by exact name, the models that must catch it: each must FAIL (by an assertion, a loom
-#    data-race report or a loom deadlock report, never by a build error or a timeout).
-#      --cfg kvfence_naive_release            (abort releases at once)      -> models 1-4
-#      --cfg kvfence_skip_ack_gen_check       (ACKs ignore the generation)  -> model 4
-#      --cfg kvfence_failed_counts_as_drained (failed transfer = drained)   -> model 10
-#      --cfg kvfence_racy_queue_pop           (queue pop: load + store)     -> model 11
-#      --cfg kvfence_quarantine_frees_pages   (quarantine frees the pages)  -> model 12
-#      --cfg kvfence_moving_fenced_set        (readmit moves an entry)      -> model 13
-#      --cfg kvfence_quarantine_mark_first    (mark, then close)            -> model 14
+# 2. Builds the models once more with every test-only protocol mutation of the library in
+#    (`--cfg loom --cfg kvfence_mutants`, src/mutants.rs) and runs, one by one and by exact
+#    name, with KVFENCE_MUTANT=<cfg> choosing the mutation, the models that must catch it:
+#    each must FAIL (by an assertion, a loom data-race report or a loom deadlock report,
+#    never by a build error or a timeout). (`--cfg <cfg>` alone still builds one mutation in.)
+#      kvfence_naive_release            (abort releases at once)      -> models 1-4
+#      kvfence_skip_ack_gen_check       (ACKs ignore the generation)  -> model 4
+#      kvfence_failed_counts_as_drained (failed transfer = drained)   -> model 10
+#      kvfence_racy_queue_pop           (queue pop: load + store)     -> model 11
+#      kvfence_quarantine_frees_pages   (quarantine frees the pages)  -> model 12
+#      kvfence_moving_fenced_set        (readmit moves an entry)      -> model 13
+#      kvfence_quarantine_mark_first    (mark, then close)            -> model 14
 # 3. Informational only (never changes the exit status):
-#      --cfg kvfence_unserialized_readmit -> m6_fence_vs_readmit_then_open is expected NOT to
+#      kvfence_unserialized_readmit -> m6_fence_vs_readmit_then_open is expected NOT to
 #        catch it (loom's one-last-access blind spot; tests/scanner_races.rs catches it).
 #
-# Each cfg set builds in its own subfolder of the target dir ($BASE/loom, $BASE/loom-naive,
-# ...), so switching RUSTFLAGS never forces a full rebuild of another set; a mutation set
-# builds only the test files it runs.
+# The two cfg sets build in their own subfolders of the target dir ($BASE/loom,
+# $BASE/loom-mutants), so switching RUSTFLAGS never forces a full rebuild of the other.
 # Exit status: 0 only if the suite passed and every expected mutation was caught.
 set -u -o pipefail
 RUN_START=$(date +%s)
@@ -90,7 +91,8 @@ fi
 run_model() {
     local dir="$1" flags="$2" file="$3" name="$4" log="$5"
     shift 5
-    CARGO_TARGET_DIR="$BASE/$dir" RUSTFLAGS="$flags" timeout "$MODEL_TIMEOUT" \
+    KVFENCE_MUTANT="${MUTANT:-}" CARGO_TARGET_DIR="$BASE/$dir" RUSTFLAGS="$flags" \
+        timeout "$MODEL_TIMEOUT" \
         cargo test -p "$PKG" --release --test "$file" -- --exact "$name" --nocapture "$@" \
         >"$log" 2>&1
     RC=$?
@@ -111,23 +113,34 @@ run_model() {
     fi
 }
 
-# expect_caught <target-subdir> <rustflags> <label> <required|extra> <test-file>:<test-name>...
+# Every mutation is in one build (`--cfg kvfence_mutants`, src/mutants.rs), chosen per run
+# by KVFENCE_MUTANT: one build of the models instead of one per mutation.
+MUT_DIR=loom-mutants
+MUT_FLAGS="--cfg loom --cfg kvfence_mutants"
+MUT_BUILT=""
+mutants_build() {
+    [ -n "$MUT_BUILT" ] && return "$MUT_BUILT"
+    build "$MUT_DIR" "$MUT_FLAGS"
+    MUT_BUILT=$?
+    return "$MUT_BUILT"
+}
+
+# expect_caught <mutation cfg> <required|extra> <test-file>:<test-name>...
 expect_caught() {
-    local dir="$1" flags="$2" label="$3" need="$4"
-    shift 4
-    local spec files=()
-    for spec in "$@"; do files+=("${spec%%:*}"); done
-    if ! build "$dir" "$flags" "${files[@]}"; then
+    local label="${1#kvfence_}" need="$2"
+    MUTANT="$1"
+    shift 2
+    if ! mutants_build; then
         row "(build)" "$label" fail FAIL "build failed: mutation not checked"
         FAILED=1
         return
     fi
-    local file name log
+    local spec file name log
     for spec in "$@"; do
         file="${spec%%:*}"
         name="${spec#*:}"
-        log="$LOGDIR/$dir-$name.log"
-        run_model "$dir" "$flags" "$file" "$name" "$log"
+        log="$LOGDIR/$MUT_DIR-$label-$name.log"
+        run_model "$MUT_DIR" "$MUT_FLAGS" "$file" "$name" "$log"
         if [ -n "$REASON" ]; then
             row "$name" "$label" fail CAUGHT "${REASON:0:90}"
         else
@@ -144,42 +157,36 @@ expect_caught() {
     done
 }
 
-NAIVE="--cfg loom --cfg kvfence_naive_release"
-expect_caught loom-naive "$NAIVE" naive_release required \
+expect_caught kvfence_naive_release required \
     m1_abort_vs_transfer:m1_abort_vs_transfer_in_flight \
     m1_abort_vs_transfer:m1_gate_queue_abort_vs_transfer \
     m2_abort_vs_begin:m2_abort_vs_begin_transfer \
     m3_acks_and_completion:m3_two_acks_and_last_completion \
     m4_late_ack_after_reuse:m4_late_ack_after_reuse
-SKIP="--cfg loom --cfg kvfence_skip_ack_gen_check"
-expect_caught loom-skip-ack "$SKIP" skip_ack_gen_check required \
+expect_caught kvfence_skip_ack_gen_check required \
     m4_late_ack_after_reuse:m4_late_ack_after_reuse
-expect_caught loom-skip-ack "$SKIP" skip_ack_gen_check extra \
+expect_caught kvfence_skip_ack_gen_check extra \
     m3_acks_and_completion:m3_two_acks_and_last_completion
-expect_caught loom-failed-drained "--cfg loom --cfg kvfence_failed_counts_as_drained" \
-    failed_counts_as_drained required \
+expect_caught kvfence_failed_counts_as_drained required \
     m10_failed_transfer:m10_failed_transfer \
     m10_failed_transfer:m10_failed_token_then_fence
-expect_caught loom-racy-pop "--cfg loom --cfg kvfence_racy_queue_pop" racy_queue_pop required \
+expect_caught kvfence_racy_queue_pop required \
     m11_release_queue:m11_release_queue
-expect_caught loom-quarantine "--cfg loom --cfg kvfence_quarantine_frees_pages" \
-    quarantine_frees_pages required \
+expect_caught kvfence_quarantine_frees_pages required \
     m12_quarantine:m12_quarantine
-expect_caught loom-moving-set "--cfg loom --cfg kvfence_moving_fenced_set" \
-    moving_fenced_set required \
+expect_caught kvfence_moving_fenced_set required \
     m13_fenced_set_read:m13_fail_vs_readmit_and_fence_of_other_ranks
-expect_caught loom-quarantine-mark "--cfg loom --cfg kvfence_quarantine_mark_first" \
-    quarantine_mark_first required \
+expect_caught kvfence_quarantine_mark_first required \
     m14_quarantine_vs_completion:m14_quarantine_vs_last_completion
 
 # --- 3. informational -------------------------------------------------------------------
 # Loom's blind spot: the readmit-vs-running-fence race is not reachable in loom's model of
 # the room word (one "last access" per atomic); the real-thread tests catch this mutation.
-UNSER="--cfg loom --cfg kvfence_unserialized_readmit"
 name=m6_fence_vs_readmit_then_open
-if build loom-unserialized "$UNSER" m6_fence_vs_quiesce; then
-    run_model loom-unserialized "$UNSER" m6_fence_vs_quiesce "$name" \
-        "$LOGDIR/loom-unserialized-$name.log"
+MUTANT=kvfence_unserialized_readmit
+if mutants_build; then
+    run_model "$MUT_DIR" "$MUT_FLAGS" m6_fence_vs_quiesce "$name" \
+        "$LOGDIR/$MUT_DIR-unserialized_readmit-$name.log"
     if [ -n "$REASON" ]; then
         row "$name" unserialized_readmit "not caught" "caught" "${REASON:0:70} (informational)"
     else

@@ -6,13 +6,13 @@
 #   scripts/fuzz-smoke.sh --fuzz          # only the fuzz smoke
 #
 # 1. Mutation check (stable toolchain): builds tests/prop_ops.rs with each sequential
-#    test-only mutation of the library (`--cfg kvfence_naive_release`: abort frees at once;
+#    test-only mutation of the library (`kvfence_naive_release`: abort frees at once;
 #    `kvfence_skip_ack_gen_check`: ACKs ignore the generation;
 #    `kvfence_failed_counts_as_drained`: a failed transfer drops its hold;
 #    `kvfence_quarantine_frees_pages`: a quarantined room's pages go back) and requires the
 #    comparison with the reference model to FAIL. Exits 1 if a mutated build passes (the
-#    tests could not see the bug). Each mutation builds in its own target directory
-#    (`$CARGO_TARGET_DIR/mutants/<cfg>`), so a rerun rebuilds nothing. The two concurrent
+#    tests could not see the bug). One build holds them all (`--cfg kvfence_mutants`, in
+#    `$CARGO_TARGET_DIR/mutants`), each run choosing its mutation with KVFENCE_MUTANT. The two concurrent
 #    mutations (`kvfence_unserialized_readmit`, `kvfence_racy_queue_pop`) need threads: a
 #    sequential model cannot see them (scripts/mutations.sh and the loom/shuttle models do).
 # 2. Fuzz smoke: if `cargo +nightly` exists (and cargo-fuzz, which is installed from
@@ -33,13 +33,16 @@ status=0
 notice() { printf '\n*** NOTICE: %s ***\n\n' "$*"; }
 
 mutation_check() {
+    # One build holds every mutation (`--cfg kvfence_mutants`, src/mutants.rs): each run
+    # picks its own with KVFENCE_MUTANT (the target directory scripts/mutations.sh uses).
     local target="${CARGO_TARGET_DIR:-$ROOT/target}/mutants"
     for cfg in kvfence_naive_release kvfence_skip_ack_gen_check \
         kvfence_failed_counts_as_drained kvfence_quarantine_frees_pages; do
-        echo "== mutation check: --cfg $cfg must make tests/prop_ops.rs fail"
+        echo "== mutation check: KVFENCE_MUTANT=$cfg must make tests/prop_ops.rs fail"
         local log
         log=$(mktemp)
-        CARGO_TARGET_DIR="$target/$cfg" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
+        KVFENCE_MUTANT="$cfg" CARGO_TARGET_DIR="$target" \
+            RUSTFLAGS="${RUSTFLAGS:-} --cfg kvfence_mutants" \
             KVFENCE_PROP_CASES=${KVFENCE_PROP_CASES:-10000} \
             cargo test --test prop_ops -- --test-threads=1 >"$log" 2>&1
         local rc=$?

@@ -3,8 +3,8 @@
 #
 #   scripts/mutations.sh
 #
-# Each mutation is a `--cfg` of the library that restores a broken rule; the named test of
-# tests/scanner_races.rs must FAIL on that build (exit 1 if it passes):
+# Each mutation is a test-only switch of the library that restores a broken rule; the named
+# test of tests/scanner_races.rs must FAIL with it on (exit 1 if it passes):
 #   kvfence_unserialized_readmit  readmit_rank no longer waits for a running fence scan.
 #                                 Loom cannot see it (its model passes under the mutation:
 #                                 one "last access" per atomic hides the scan's load).
@@ -19,25 +19,43 @@
 #                                 release say Quarantined.
 # (The mutations the loom models and the property test catch are checked by
 # loom-tests/run.sh and scripts/fuzz-smoke.sh --mutations.)
+#
+# One build holds them all (`--cfg kvfence_mutants`, src/mutants.rs); each check picks its
+# mutation at run time with KVFENCE_MUTANT=<cfg>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 status=0
+target="${CARGO_TARGET_DIR:-target}/mutants"
+flags="${RUSTFLAGS:-} --cfg kvfence_mutants"
+echo "== one build with every mutation: --cfg kvfence_mutants -> $target"
+if ! CARGO_TARGET_DIR="$target" RUSTFLAGS="$flags" \
+    cargo test --release --test scanner_races --no-run >/dev/null 2>"$target.build.log"; then
+    tail -n 30 "$target.build.log"
+    echo "FAIL: the mutants build failed: no mutation checked"
+    exit 1
+fi
+# check <cfg> <test filter> <pattern of the failure>: the race is real-thread and
+# probabilistic, so a check that did not see it runs again, up to 3 attempts (a pass takes
+# seconds); caught means one attempt failed with the expected message.
 check() {
-    local cfg="$1" filter="$2" pattern="$3"
-    local target="${CARGO_TARGET_DIR:-target}/mutant-$cfg" log
+    local cfg="$1" filter="$2" pattern="$3" log rc attempt
     log=$(mktemp)
-    echo "== mutation check: --cfg $cfg must make tests/scanner_races.rs ($filter) fail"
-    CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
-        cargo test --release --test scanner_races -- "$filter" >"$log" 2>&1
-    local rc=$?
-    if grep -q "$pattern" "$log"; then
-        grep -m1 "$pattern" "$log" | sed 's/^/   caught: /'
-    else
-        tail -n 30 "$log"
-        echo "FAIL: --cfg $cfg: the mutated build passed or failed for another reason (rc=$rc)"
-        status=1
-    fi
+    echo "== mutation check: KVFENCE_MUTANT=$cfg must make tests/scanner_races.rs ($filter) fail"
+    for attempt in 1 2 3; do
+        KVFENCE_MUTANT="$cfg" CARGO_TARGET_DIR="$target" RUSTFLAGS="$flags" \
+            cargo test --release --test scanner_races -- "$filter" >"$log" 2>&1
+        rc=$?
+        if grep -q "$pattern" "$log"; then
+            grep -m1 "$pattern" "$log" | sed "s/^/   caught (attempt $attempt): /"
+            rm -f "$log"
+            return
+        fi
+        [ "$rc" -eq 0 ] || break # failed, but not with the expected message
+    done
+    tail -n 30 "$log"
+    echo "FAIL: $cfg: the mutated build passed or failed for another reason (rc=$rc)"
+    status=1
     rm -f "$log"
 }
 

@@ -5,19 +5,20 @@
 #
 # 1. Runs the whole shuttle suite (shuttle-tests/) with `--cfg shuttle`, release mode: every
 #    test must pass under both of its schedulers (random, PCT).
-# 2. Rebuilds with each test-only protocol mutation of the library and runs the test that
-#    must catch it, by exact name: it must FAIL by an assertion/panic found by shuttle (a
+# 2. Builds once more with every test-only protocol mutation of the library in (`--cfg
+#    kvfence_mutants`, src/mutants.rs) and runs, with KVFENCE_MUTANT=<cfg> choosing the
+#    mutation, the test that must catch it, by exact name: it must FAIL by an assertion/panic found by shuttle (a
 #    `shuttle-fail` line from the harness and a `test <name> ... FAILED` line), never by a
 #    build error or a timeout.
-#      --cfg kvfence_unserialized_readmit      -> fence_vs_readmit_then_open
-#      --cfg kvfence_naive_release             -> abort_vs_transfer_in_flight
-#      --cfg kvfence_racy_queue_pop            -> release_queue_two_drainers
-#      --cfg kvfence_failed_counts_as_drained  -> failed_transfer_vs_fence
-#      --cfg kvfence_moving_fenced_set         -> fail_vs_readmit_and_fence_of_other_ranks
-#      --cfg kvfence_quarantine_mark_first     -> quarantine_vs_last_completion
+#      kvfence_unserialized_readmit            -> fence_vs_readmit_then_open
+#      kvfence_naive_release                   -> abort_vs_transfer_in_flight
+#      kvfence_racy_queue_pop                  -> release_queue_two_drainers
+#      kvfence_failed_counts_as_drained        -> failed_transfer_vs_fence
+#      kvfence_moving_fenced_set               -> fail_vs_readmit_and_fence_of_other_ranks
+#      kvfence_quarantine_mark_first           -> quarantine_vs_last_completion
 #
-# Each cfg set builds in its own subfolder of the target dir ($BASE/shuttle,
-# $BASE/shuttle-<mutation>), so switching RUSTFLAGS never forces a rebuild of another set.
+# The two cfg sets build in their own subfolders of the target dir ($BASE/shuttle,
+# $BASE/shuttle-mutants), so switching RUSTFLAGS never forces a rebuild of the other.
 # Logs: $BASE/shuttle-logs/. KVFENCE_SHUTTLE_SCALE / KVFENCE_SHUTTLE_SEED are passed through
 # (see shuttle-tests/README.md). Exit status: 0 only if the suite passed and every mutation
 # was caught.
@@ -83,23 +84,34 @@ fi
 
 # --- 2. mutations -----------------------------------------------------------------------
 # expect_caught <mutation cfg> <test-file> <test-name>
+# Every mutation is in one build (`--cfg shuttle --cfg kvfence_mutants`, src/mutants.rs),
+# chosen per run by KVFENCE_MUTANT: one build instead of one per mutation. Without debug
+# info: it recompiles shuttle and its dependencies (RUSTFLAGS apply to every crate).
+MUT_DIR=shuttle-mutants
+MUT_FLAGS="--cfg shuttle --cfg kvfence_mutants"
+MUT_BUILT=""
+mutants_build() {
+    if [ -z "$MUT_BUILT" ]; then
+        CARGO_PROFILE_RELEASE_DEBUG=0 build "$MUT_DIR" "$MUT_FLAGS"
+        MUT_BUILT=$?
+    fi
+    return "$MUT_BUILT"
+}
+
 expect_caught() {
     local cfg="$1" file="$2" name="$3"
-    local dir="shuttle-${cfg#kvfence_}" flags="--cfg shuttle --cfg $1"
-    # Only the test binary that must catch it, and without debug info: a mutation build
-    # recompiles shuttle and its dependencies (RUSTFLAGS apply to every crate).
-    export CARGO_PROFILE_RELEASE_DEBUG=0
-    if ! build "$dir" "$flags" --test "$file"; then
+    local dir="$MUT_DIR" flags="$MUT_FLAGS"
+    if ! mutants_build; then
         row "$name" "$cfg" fail FAIL "build failed: mutation not checked"
         FAILED=1
         return
     fi
-    local log="$LOGDIR/$dir-$name.log" rc
-    CARGO_TARGET_DIR="$BASE/$dir" RUSTFLAGS="$flags" timeout "$TEST_TIMEOUT" \
+    local log="$LOGDIR/$dir-${cfg#kvfence_}-$name.log" rc
+    KVFENCE_MUTANT="$cfg" CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_TARGET_DIR="$BASE/$dir" \
+        RUSTFLAGS="$flags" timeout "$TEST_TIMEOUT" \
         cargo test -p "$PKG" --release --test "$file" -- --exact "$name" --nocapture \
         >"$log" 2>&1
     rc=$?
-    unset CARGO_PROFILE_RELEASE_DEBUG
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qE "^test $name \.\.\. FAILED|^    $name\$" "$log" \
         && grep -q "^shuttle-fail $name:" "$log"; then
         # Where shuttle found it: the scheduler and the iteration (the harness's line)...

@@ -183,7 +183,7 @@ impl RoomTable {
         if rank == u32::MAX {
             return Err(Error::InvalidRank { rank });
         }
-        let _serial = if cfg!(kvfence_unserialized_readmit) {
+        let _serial = if mutant!(kvfence_unserialized_readmit) {
             // MUTATION (test-only): the pre-fix readmit, racing a running fence scan.
             None
         } else {

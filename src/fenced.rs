@@ -78,7 +78,7 @@ impl FencedRanks {
         let Some(at) = (0..high).find(|&i| self.ids[i].load(Ordering::Relaxed) == rank) else {
             return false;
         };
-        if cfg!(kvfence_moving_fenced_set) {
+        if mutant!(kvfence_moving_fenced_set) {
             // MUTATION (test-only): the pre-fix removal, which moved the last entry into
             // the removed one's place, so the next insert reused the last place.
             let last = (0..high)

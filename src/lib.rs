@@ -103,6 +103,26 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+/// Whether the test-only protocol mutation `$name` (a `kvfence_*` cfg) is on: compiled in
+/// with `--cfg $name`, or chosen at run time in a `--cfg kvfence_mutants` build (see
+/// `mutants`). `false` in a normal build, folded away at compile time.
+macro_rules! mutant {
+    ($name:ident) => {
+        (cfg!($name) || $crate::mutant_chosen(stringify!($name)))
+    };
+}
+
+#[cfg(kvfence_mutants)]
+mod mutants;
+#[cfg(kvfence_mutants)]
+use mutants::on as mutant_chosen;
+/// No run-time mutations in this build.
+#[cfg(not(kvfence_mutants))]
+#[inline(always)]
+const fn mutant_chosen(_: &str) -> bool {
+    false
+}
+
 // Below the concerns: primitives and data, each self-contained.
 mod bitmap;
 mod config;

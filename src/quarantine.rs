@@ -18,10 +18,10 @@
 use crate::error::Error;
 use crate::release::Released;
 use crate::room_word::{Closed, Hold, Refusal};
-#[cfg(kvfence_quarantine_mark_first)]
+#[cfg(any(kvfence_quarantine_mark_first, kvfence_mutants))]
 use crate::state::mark;
 use crate::state::RoomTable;
-#[cfg(kvfence_quarantine_mark_first)]
+#[cfg(any(kvfence_quarantine_mark_first, kvfence_mutants))]
 use crate::sync::Ordering;
 use crate::RoomHandle;
 
@@ -53,8 +53,8 @@ impl RoomTable {
     pub fn quarantine(&self, handle: RoomHandle) -> Result<Option<Released>, Error> {
         let slot = self.slot(handle)?;
         let (index, gen) = (handle.index(), handle.generation());
-        #[cfg(kvfence_quarantine_mark_first)]
-        {
+        #[cfg(any(kvfence_quarantine_mark_first, kvfence_mutants))]
+        if mutant!(kvfence_quarantine_mark_first) {
             // MUTATION (test-only): mark first, close after (see `release_to`).
             let state = slot.word.load(Ordering::Acquire);
             if state.gen() == gen && state.phase() != crate::Phase::Free {

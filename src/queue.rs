@@ -35,7 +35,7 @@ impl PendingSet {
             let mut bits = word.load(Ordering::Relaxed);
             while bits != 0 {
                 let bit = 1u64 << bits.trailing_zeros();
-                if cfg!(kvfence_racy_queue_pop) {
+                if mutant!(kvfence_racy_queue_pop) {
                     // MUTATION (test-only): take the bit with a load and a store instead of
                     // one RMW: two drainers can both deliver the same release.
                     word.store(bits & !bit, Ordering::Release);

@@ -170,15 +170,17 @@ impl RoomTable {
         }
         // MUTATION (test-only): the pre-fix quarantine, whose mark was a separate store
         // read here, after the deciding RMW: a refused quarantine could still keep pages.
-        #[cfg(kvfence_quarantine_mark_first)]
-        let reason = if slot.quarantine_mark.load(Ordering::Relaxed) == mark(gen) {
+        #[cfg(any(kvfence_quarantine_mark_first, kvfence_mutants))]
+        let reason = if mutant!(kvfence_quarantine_mark_first)
+            && slot.quarantine_mark.load(Ordering::Relaxed) == mark(gen)
+        {
             Reason::Quarantined
         } else {
             reason
         };
         let reason = match reason {
             // MUTATION (test-only): a quarantined room's pages treated as drained.
-            Reason::Quarantined if cfg!(kvfence_quarantine_frees_pages) => Reason::Aborted,
+            Reason::Quarantined if mutant!(kvfence_quarantine_frees_pages) => Reason::Aborted,
             reason => reason,
         };
         if queue {

@@ -365,7 +365,7 @@ impl RoomWord {
     /// same thread completes the release with a plain store of `FREE`, generation + 1.
     #[inline]
     pub(crate) fn drop_hold(&self, gen: u32, kind: Hold) -> Result<Step, Refusal> {
-        if cfg!(kvfence_naive_release) {
+        if mutant!(kvfence_naive_release) {
             // Under the test-only mutation a hold can outlive its room; keep the checked
             // CAS so the mutation is observed as wrong releases, not as a corrupted word.
             return self.drop_hold_checked(gen, kind);
@@ -424,7 +424,7 @@ impl RoomWord {
             if !closable {
                 return Err(Refusal::Phase(s.phase()));
             }
-            if cfg!(kvfence_naive_release) && to == Phase::Aborting {
+            if mutant!(kvfence_naive_release) && to == Phase::Aborting {
                 // MUTATION (test-only): the rule peers used before the fix, "free the
                 // pages at abort". The loom models and the fuzz comparison must reject it.
                 return Ok(s.with_phase(to).released());

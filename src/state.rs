@@ -98,7 +98,7 @@ pub(crate) struct Slot {
     /// `mark(gen)` if lifecycle `gen` was rolled back by its own `open`.
     pub(crate) rolled_back: AtomicU64,
     /// MUTATION (test-only): the pre-fix quarantine mark, stored apart from the room word.
-    #[cfg(kvfence_quarantine_mark_first)]
+    #[cfg(any(kvfence_quarantine_mark_first, kvfence_mutants))]
     pub(crate) quarantine_mark: AtomicU64,
     /// `tagged(gen, QUEUED | reason)` of the release last put in the release queue (0:
     /// none yet; see [`queued_of`]).
@@ -227,7 +227,7 @@ impl RoomTable {
                     failed: AtomicU64::new(0),
                     released_below: AtomicU32::new(0),
                     rolled_back: AtomicU64::new(0),
-                    #[cfg(kvfence_quarantine_mark_first)]
+                    #[cfg(any(kvfence_quarantine_mark_first, kvfence_mutants))]
                     quarantine_mark: AtomicU64::new(0),
                     queued: AtomicU64::new(0),
                     parking: Parking::new(),

@@ -374,7 +374,7 @@ impl RoomTable {
     pub fn quiesce(&self, handle: RoomHandle, rank: u32) -> Result<Quiesced, Error> {
         let slot = self.slot(handle)?;
         let state = slot.word.load(Ordering::Acquire);
-        let gen = if cfg!(kvfence_skip_ack_gen_check) {
+        let gen = if mutant!(kvfence_skip_ack_gen_check) {
             // MUTATION (test-only): trust the ACK whatever lifecycle it names.
             state.gen()
         } else {

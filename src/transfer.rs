@@ -179,7 +179,7 @@ impl RoomTable {
             }
             Outcome::Completed => self.drop_hold(index, gen, Hold::Transfer),
             // MUTATION (test-only): a failed transfer counted as drained.
-            Outcome::Failed if cfg!(kvfence_failed_counts_as_drained) => {
+            Outcome::Failed if mutant!(kvfence_failed_counts_as_drained) => {
                 self.end_hold(handle, peer, Outcome::Completed, queue)
             }
             Outcome::Failed => {
