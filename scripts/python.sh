@@ -56,21 +56,26 @@ scratch=$(mktemp -d)
     python -m mypy --strict "$root/python/tests/test_typed_use.py")
 rm -rf "$scratch"
 
-# The binding's own test-only mutations (python/Cargo.toml): each is built as a bare
-# extension module (cargo, no wheel), put first on PYTHONPATH, and the named tests of the
-# named file in python/tests must FAIL against it.
+# The binding's own test-only mutations (python/Cargo.toml): all of them are built once into
+# a bare extension module (cargo, no wheel; `--cfg kvfence_py_mutants`, each mutation off
+# unless chosen at run time by KVFENCE_PY_MUTANT), put first on PYTHONPATH, and with each
+# mutation chosen in turn the named tests of the named file in python/tests must FAIL.
+mutants_built=""
 mutation() {
     local cfg="$1" file="$2" filter="$3"
-    local target="${CARGO_TARGET_DIR:-$root/target}/py-mutant-$cfg" dir log
+    local target="${CARGO_TARGET_DIR:-$root/target}/py-mutants" dir log
     dir=$(mktemp -d)
     log=$(mktemp)
-    echo "== mutation check: --cfg $cfg must make $file -k $filter fail"
-    if ! CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg $cfg" \
-        PYO3_BUILD_EXTENSION_MODULE=1 PYO3_PYTHON="$VENV/bin/python" \
-        cargo build --quiet --release -p kvfence-python >"$log" 2>&1; then
-        cat "$log"
-        echo "python.sh: building the mutant --cfg $cfg failed" >&2
-        return 1
+    echo "== mutation check: KVFENCE_PY_MUTANT=$cfg must make $file -k $filter fail"
+    if [ -z "$mutants_built" ]; then
+        if ! CARGO_TARGET_DIR="$target" RUSTFLAGS="${RUSTFLAGS:-} --cfg kvfence_py_mutants" \
+            PYO3_BUILD_EXTENSION_MODULE=1 PYO3_PYTHON="$VENV/bin/python" \
+            cargo build --quiet --release -p kvfence-python >"$log" 2>&1; then
+            cat "$log"
+            echo "python.sh: building the mutants (--cfg kvfence_py_mutants) failed" >&2
+            return 1
+        fi
+        mutants_built=1
     fi
     mkdir "$dir/kvfence"
     cp python/kvfence/*.py python/kvfence/*.pyi python/kvfence/py.typed "$dir/kvfence/"
@@ -78,13 +83,14 @@ mutation() {
     # The mutant, not the installed package, must be what the tests import.
     PYTHONPATH="$dir" python -c 'import kvfence, sys; assert kvfence.__file__.startswith(sys.argv[1]), kvfence.__file__' "$dir"
     local rc=0
-    (cd python && PYTHONPATH="$dir" pytest -q -p no:cacheprovider "tests/$file" -k "$filter") \
+    (cd python && KVFENCE_PY_MUTANT="$cfg" PYTHONPATH="$dir" \
+        pytest -q -p no:cacheprovider "tests/$file" -k "$filter") \
         >"$log" 2>&1 || rc=$?
     if [ "$rc" -eq 1 ]; then
         grep -m1 -E "^FAILED" "$log" | sed 's/^/   caught: /'
     else
         tail -n 30 "$log"
-        echo "python.sh: --cfg $cfg was not caught (pytest exit $rc)" >&2
+        echo "python.sh: $cfg was not caught (pytest exit $rc)" >&2
         return 1
     fi
     rm -rf "$dir" "$log"

@@ -13,8 +13,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==== %s ====\n' "$*"; }
 start=$(date +%s)
+# Each step's wall time, printed as it ends and summed up at the end (where CI's time goes).
+TIMES=()
+last_name="" last_t=$start
+step() {
+    local now
+    now=$(date +%s)
+    [ -n "$last_name" ] && TIMES+=("$(printf '%6ss  %s' "$((now - last_t))" "$last_name")")
+    last_name="$*" last_t=$now
+    printf '\n==== [%ss] %s ====\n' "$((now - start))" "$*"
+}
 
 step "rustfmt"
 cargo fmt --all -- --check
@@ -69,4 +78,7 @@ else
     bash scripts/tsan.sh
 fi
 
+step "end"
+printf '\n==== time per step ====\n'
+printf '%s\n' "${TIMES[@]}"
 printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"

@@ -158,7 +158,7 @@ impl HandleCache {
         let low = unsafe { pyo3::ffi::PyLong_AsUnsignedLongLongMask(int.as_ptr()) };
         self.slot(low).with(int.py(), |slot| {
             let cached = slot.as_ref()?;
-            if cfg!(kvfence_py_cache_trusts_low_bits) {
+            if mutant!(kvfence_py_cache_trusts_low_bits) {
                 // MUTATION (test-only): a slot whose handle has the same low bits is a hit.
                 return (cached.wire as u64 == low).then_some(cached.wire);
             }

@@ -30,6 +30,47 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+/// Whether the binding's test-only mutation `$name` (a `kvfence_py_*` cfg) is on: compiled
+/// in with `--cfg $name`, or, in a `--cfg kvfence_py_mutants` build (all of them in one
+/// build, `scripts/python.sh --mutations`), chosen at run time by the environment variable
+/// `KVFENCE_PY_MUTANT=$name`. `false` in a normal build, folded away at compile time.
+macro_rules! mutant {
+    ($name:ident) => {
+        (cfg!($name) || $crate::mutant_chosen(stringify!($name)))
+    };
+}
+
+/// The `KVFENCE_PY_MUTANT` of a `--cfg kvfence_py_mutants` build, read once; an unknown
+/// name panics (a typo must not quietly test the correct code).
+#[cfg(kvfence_py_mutants)]
+fn mutant_chosen(name: &str) -> bool {
+    const NAMES: [&str; 3] = [
+        "kvfence_py_cache_trusts_low_bits",
+        "kvfence_py_truncating_items",
+        "kvfence_py_drain_loses",
+    ];
+    static CHOSEN: OnceLock<Option<&'static str>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| {
+        let value = std::env::var("KVFENCE_PY_MUTANT").unwrap_or_default();
+        if value.is_empty() {
+            return None;
+        }
+        match NAMES.iter().find(|n| **n == value) {
+            Some(n) => Some(n),
+            None => panic!(
+                "KVFENCE_PY_MUTANT={value:?} is not a mutation of this build; known: {NAMES:?}"
+            ),
+        }
+    });
+    *chosen == Some(name)
+}
+/// No run-time mutations in this build.
+#[cfg(not(kvfence_py_mutants))]
+#[inline(always)]
+const fn mutant_chosen(_: &str) -> bool {
+    false
+}
+
 mod handle_cache;
 use handle_cache::HandleCache;
 
@@ -165,7 +206,7 @@ unsafe fn exact_u32(item: *mut ffi::PyObject) -> Option<u32> {
             ffi::PyErr_Clear();
             return None;
         }
-        if cfg!(kvfence_py_truncating_items) {
+        if mutant!(kvfence_py_truncating_items) {
             // MUTATION (test-only): keep the low 32 bits of any value.
             return Some(v as u32);
         }
@@ -1044,7 +1085,7 @@ impl PyRoomTable {
         match Inner::to_list(py, &mut taken) {
             Ok(list) => Ok(list),
             Err(e) => {
-                if !cfg!(kvfence_py_drain_loses) {
+                if !mutant!(kvfence_py_drain_loses) {
                     self.inner.put_back(taken);
                 }
                 // MUTATION (test-only, `kvfence_py_drain_loses`): the releases are dropped,
@@ -1064,7 +1105,7 @@ impl PyRoomTable {
         match PyReleased::new_bound(py, released) {
             Ok(obj) => Ok(Some(obj)),
             Err((e, released)) => {
-                if !cfg!(kvfence_py_drain_loses) {
+                if !mutant!(kvfence_py_drain_loses) {
                     self.inner.put_back(vec![released]);
                 }
                 Err(e)
