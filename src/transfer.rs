@@ -272,6 +272,19 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn begin(&self, handle: RoomHandle, peer: Option<u32>) -> Result<TransferToken, Error> {
+        self.__begin_inline(handle, peer)
+    }
+
+    /// [`begin`](Self::begin), always inlined into its caller. For kvfence-ffi only
+    /// (`kvfence_begin`: one call level from C, as a Rust caller of `begin` has); not part
+    /// of the API, no stability promise. Rust code calls `begin`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __begin_inline(
+        &self,
+        handle: RoomHandle,
+        peer: Option<u32>,
+    ) -> Result<TransferToken, Error> {
         check_peer(peer)?;
         let slot = self.slot(handle)?;
         let t = self.tokens_free.claim_one().ok_or(Error::TooManyTokens)?;
@@ -300,6 +313,19 @@ impl RoomTable {
     /// # Errors
     /// [`Error::InvalidToken`]: a token this table did not issue, or one already ended.
     pub fn end(&self, token: TransferToken, outcome: Outcome) -> Result<Option<Released>, Error> {
+        self.__end_inline(token, outcome)
+    }
+
+    /// [`end`](Self::end), always inlined into its caller. For kvfence-ffi only
+    /// (`kvfence_end`: one call level from C, as a Rust caller of `end` has); not part
+    /// of the API, no stability promise. Rust code calls `end`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __end_inline(
+        &self,
+        token: TransferToken,
+        outcome: Outcome,
+    ) -> Result<Option<Released>, Error> {
         let t = token.0;
         if !self.token_key.made(t) {
             return Err(Error::InvalidToken);

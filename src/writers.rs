@@ -70,6 +70,7 @@ impl Fanout {
         self.0.contains(&rank)
     }
 
+    #[inline]
     pub(crate) fn push(&mut self, rank: u32) {
         self.0.push(rank);
     }
@@ -179,6 +180,7 @@ impl Writers {
 
     /// Stamps the list for lifecycle `gen` (only the opener, before it publishes); returns
     /// the number of holds the mask words own.
+    #[inline]
     pub(crate) fn stamp(&self, gen: u32, writers: &[u32]) -> u32 {
         // The count (with the new generation) first, then the ids with `Release`: a reader
         // that sees any new id (`Acquire`) then sees the new count, and knows the list is
@@ -211,6 +213,7 @@ impl Writers {
     /// that saw any id of the next lifecycle sees its count on the second load below
     /// (found by the loom model `m4_late_ack_error_kind`: without this order a late ACK
     /// could be answered `RankNotInRoom` instead of `StaleHandle`).
+    #[inline]
     pub(crate) fn position(&self, gen: u32, rank: u32) -> Result<Option<usize>, MaskStale> {
         let before = self.count.load(Ordering::Acquire);
         if (before >> 32) as u32 != gen {
@@ -271,6 +274,7 @@ impl Writers {
 
     /// Appends the ranks of lifecycle `gen` still pending to `out`, which must be empty
     /// (the caller re-validates the generation).
+    #[inline]
     pub(crate) fn pending_into(&self, gen: u32, out: &mut Fanout) {
         for pos in self.pending_positions(gen) {
             out.push(self.ids[pos].load(Ordering::Relaxed));
