@@ -103,6 +103,17 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+// Inlined entry points (for kvfence-ffi, the C ABI). The hot operations have a hidden
+// `#[inline(always)]` twin (`__open_gate_inline`, `__begin_inline`, `__end_inline`,
+// `__abort_inline`, `__quiesce_inline`) that holds the body; the public method only calls
+// it, so Rust callers get the same code as before. `kvfence_*` calls the twin: its body is
+// compiled into the C shim, and a C call makes one call level, as a Rust call does, not two
+// (the shim's, then the core's). A function the core inlines into those bodies is marked
+// `#[inline]` (comment "inlined into kvfence-ffi"): without that it stays an out-of-line
+// call from the other crate, which costs more than the level saved. `drain_released_with`
+// is generic, so it is compiled into its caller's crate anyway. The measurements:
+// ffi/bench/RESULTS.md.
+
 // Below the concerns: primitives and data, each self-contained.
 mod bitmap;
 mod config;

@@ -120,9 +120,9 @@ impl RoomTable {
         self.__open_gate_inline(writers, token, pages)
     }
 
-    /// [`open_gate`](Self::open_gate), always inlined into its caller. For kvfence-ffi only
-    /// (`kvfence_open_gate`: one call level from C, as a Rust caller of `open_gate` has); not part
-    /// of the API, no stability promise. Rust code calls `open_gate`.
+    /// [`open_gate`](Self::open_gate), always inlined into its caller. For kvfence-ffi
+    /// only (`kvfence_open_gate`: one call level from C, as a Rust caller of `open_gate`
+    /// has); not part of the API, no stability promise. Rust code calls `open_gate`.
     #[doc(hidden)]
     #[inline(always)]
     pub fn __open_gate_inline(
@@ -146,7 +146,7 @@ impl RoomTable {
 
     /// The one `open`: claim an index, fill the page list with `fill`, stamp, publish, and
     /// re-check the fenced ranks (store-buffer pair with `fence_rank`, see `fence.rs`).
-    #[inline]
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     fn open_room(
         &self,
         writers: &[u32],

@@ -163,15 +163,19 @@ impl RoomTable {
         self.hold(slot, handle.generation())
     }
 
-    /// Ends a transfer's hold with `outcome`. `queue`: no caller to return a release to.
+    /// Ends a transfer's hold with `outcome` on the room lifecycle `room`: `index << 32 |
+    /// generation`, a handle's low word (`RoomHandle::low`), as a token slot stores it
+    /// (`end` passes it on without computing the handle's key). `queue`: no caller to return
+    /// a release to.
     pub(crate) fn end_hold(
         &self,
-        handle: RoomHandle,
+        room: u64,
         peer: Option<u32>,
         outcome: Outcome,
         queue: bool,
     ) -> Option<Released> {
-        let (index, gen) = (handle.index(), handle.generation());
+        let (index, gen) = untag(room);
+        let index = index as usize;
         match outcome {
             Outcome::Completed if queue => {
                 self.drop_hold_to_queue(index, gen, Hold::Transfer);
@@ -180,7 +184,7 @@ impl RoomTable {
             Outcome::Completed => self.drop_hold(index, gen, Hold::Transfer),
             // MUTATION (test-only): a failed transfer counted as drained.
             Outcome::Failed if cfg!(kvfence_failed_counts_as_drained) => {
-                self.end_hold(handle, peer, Outcome::Completed, queue)
+                self.end_hold(room, peer, Outcome::Completed, queue)
             }
             Outcome::Failed => {
                 let mut failed = lock(&self.failed);
@@ -347,12 +351,11 @@ impl RoomTable {
         {
             return Err(Error::InvalidToken);
         }
-        let (index, room_gen) = untag(slot.room.load(Ordering::Relaxed));
+        let room = slot.room.load(Ordering::Relaxed);
         let peer = slot.peer.load(Ordering::Relaxed);
         let peer = (peer >> 32 != 0).then_some(peer as u32);
         self.tokens_free.free_one(t.index());
-        let handle = self.handle(index as usize, room_gen);
-        Ok(self.end_hold(handle, peer, outcome, false))
+        Ok(self.end_hold(room, peer, outcome, false))
     }
 }
 
@@ -416,7 +419,7 @@ impl TransferGuard<'_> {
     pub fn complete(self) -> Option<Released> {
         let this = core::mem::ManuallyDrop::new(self);
         this.table
-            .end_hold(this.handle, this.peer, Outcome::Completed, false)
+            .end_hold(this.handle.low(), this.peer, Outcome::Completed, false)
     }
 
     /// Ends the transfer as failed (see [`Outcome::Failed`]). Returns a release only if the
@@ -425,7 +428,7 @@ impl TransferGuard<'_> {
     pub fn fail(self) -> Option<Released> {
         let this = core::mem::ManuallyDrop::new(self);
         this.table
-            .end_hold(this.handle, this.peer, Outcome::Failed, false)
+            .end_hold(this.handle.low(), this.peer, Outcome::Failed, false)
     }
 }
 
@@ -435,7 +438,7 @@ impl Drop for TransferGuard<'_> {
         // caller to go to: queued.
         let _ = self
             .table
-            .end_hold(self.handle, self.peer, Outcome::Failed, true);
+            .end_hold(self.handle.low(), self.peer, Outcome::Failed, true);
     }
 }
 
@@ -466,7 +469,8 @@ impl OwnedTransferGuard {
     #[must_use = "a release must be acted on"]
     pub fn end(mut self, outcome: Outcome) -> Option<Released> {
         self.ended = true;
-        self.table.end_hold(self.handle, self.peer, outcome, false)
+        self.table
+            .end_hold(self.handle.low(), self.peer, outcome, false)
     }
 
     /// Ends the transfer as completed.
@@ -487,7 +491,7 @@ impl Drop for OwnedTransferGuard {
         if !self.ended {
             let _ = self
                 .table
-                .end_hold(self.handle, self.peer, Outcome::Failed, true);
+                .end_hold(self.handle.low(), self.peer, Outcome::Failed, true);
         }
     }
 }

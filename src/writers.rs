@@ -70,7 +70,7 @@ impl Fanout {
         self.0.contains(&rank)
     }
 
-    #[inline]
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn push(&mut self, rank: u32) {
         self.0.push(rank);
     }
@@ -180,7 +180,7 @@ impl Writers {
 
     /// Stamps the list for lifecycle `gen` (only the opener, before it publishes); returns
     /// the number of holds the mask words own.
-    #[inline]
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn stamp(&self, gen: u32, writers: &[u32]) -> u32 {
         // The count (with the new generation) first, then the ids with `Release`: a reader
         // that sees any new id (`Acquire`) then sees the new count, and knows the list is
@@ -213,7 +213,7 @@ impl Writers {
     /// that saw any id of the next lifecycle sees its count on the second load below
     /// (found by the loom model `m4_late_ack_error_kind`: without this order a late ACK
     /// could be answered `RankNotInRoom` instead of `StaleHandle`).
-    #[inline]
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn position(&self, gen: u32, rank: u32) -> Result<Option<usize>, MaskStale> {
         let before = self.count.load(Ordering::Acquire);
         if (before >> 32) as u32 != gen {
@@ -274,7 +274,7 @@ impl Writers {
 
     /// Appends the ranks of lifecycle `gen` still pending to `out`, which must be empty
     /// (the caller re-validates the generation).
-    #[inline]
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn pending_into(&self, gen: u32, out: &mut Fanout) {
         for pos in self.pending_positions(gen) {
             out.push(self.ids[pos].load(Ordering::Relaxed));
