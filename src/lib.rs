@@ -108,11 +108,19 @@
 // `__abort_inline`, `__quiesce_inline`) that holds the body; the public method only calls
 // it, so Rust callers get the same code as before. `kvfence_*` calls the twin: its body is
 // compiled into the C shim, and a C call makes one call level, as a Rust call does, not two
-// (the shim's, then the core's). A function the core inlines into those bodies is marked
-// `#[inline]` (comment "inlined into kvfence-ffi"): without that it stays an out-of-line
-// call from the other crate, which costs more than the level saved. `drain_released_with`
-// is generic, so it is compiled into its caller's crate anyway. The measurements:
-// ffi/bench/RESULTS.md.
+// (the shim's, then the core's). `drain_released_with` is generic, so it is compiled into
+// its caller's crate anyway. Two kinds of helper are `#[inline]` because of this:
+// * those the core inlines into these bodies (comment "inlined into kvfence-ffi"): without
+//   the attribute the other crate cannot inline them, and an out-of-line call from it costs
+//   more than the level saved;
+// * the hot-path callees below those (`clear_position`, `close`, `end_hold`, `claim_one`,
+//   `check_writers`; comment "a local copy per crate"): a function that an inlinable body
+//   names becomes an exported symbol, and rustc calls exported functions of a PIC rlib
+//   through the GOT (`R_X86_64_GOTPCREL`, which the linker does not relax), the core's own
+//   calls included: without the attribute the Rust callers got slower (1-5% CPU time
+//   on the boundary benchmark). `#[inline]` gives each codegen unit its own copy, called
+//   directly or inlined.
+// The measurements: ffi/bench/RESULTS.md.
 
 // Below the concerns: primitives and data, each self-contained.
 mod bitmap;

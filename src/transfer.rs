@@ -167,6 +167,7 @@ impl RoomTable {
     /// generation`, a handle's low word (`RoomHandle::low`), as a token slot stores it
     /// (`end` passes it on without computing the handle's key). `queue`: no caller to return
     /// a release to.
+    #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
     pub(crate) fn end_hold(
         &self,
         room: u64,

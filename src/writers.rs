@@ -90,6 +90,7 @@ impl core::fmt::Debug for Fanout {
 }
 
 /// Checks a writer list: at most [`MAX_WRITERS`], no duplicates, no `u32::MAX`.
+#[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
 pub(crate) fn check_writers(writers: &[u32]) -> Result<(), Error> {
     if writers.len() > MAX_WRITERS {
         return Err(Error::TooManyWriters {
