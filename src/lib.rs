@@ -120,6 +120,10 @@
 //   calls included: without the attribute the Rust callers got slower (1-5% CPU time
 //   on the boundary benchmark). `#[inline]` gives each codegen unit its own copy, called
 //   directly or inlined.
+// `clear_position` is `#[inline(always)]`: LLVM inlined it into `kvfence_quiesce` (its one
+// caller in that codegen unit) but not into the core's `quiesce` (one of three callers), so
+// the C program ran ~135 instructions per lifecycle fewer than the Rust one for a reason
+// that is no boundary. Forced, both sides run the same code (and every ACK is cheaper).
 // The measurements: ffi/bench/RESULTS.md.
 
 // Below the concerns: primitives and data, each self-contained.

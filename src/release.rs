@@ -105,7 +105,7 @@ impl RoomTable {
 
     /// Clears writer position `pos` of lifecycle `gen` of room `index`; drops the mask
     /// word's hold if it empties.
-    #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
+    #[inline(always)] // into quiesce, as into kvfence_quiesce (see lib.rs)
     pub(crate) fn clear_position(
         &self,
         index: usize,
