@@ -168,6 +168,7 @@ impl Bitmap {
     }
 
     /// Claims one free index, or `None` if there is none.
+    #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
     pub(crate) fn claim_one(&self) -> Option<usize> {
         let start = self.start_bit(self.hint());
         for w in self.scan_order(start) {

@@ -43,6 +43,7 @@ impl FencedRanks {
     }
 
     /// The first rank of `writers` that is fenced.
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn first_of(&self, writers: &[u32]) -> Option<u32> {
         if self.count.load(Ordering::SeqCst) == 0 {
             return None;

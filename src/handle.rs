@@ -136,6 +136,11 @@ const fn mix(mut x: u64) -> u64 {
 }
 
 impl RoomHandle {
+    /// `index << 32 | generation` (the part the key does not cover).
+    pub(crate) const fn low(self) -> u64 {
+        self.low
+    }
+
     /// The room's index in its table.
     pub const fn index(self) -> usize {
         (self.low >> 32) as usize

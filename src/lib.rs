@@ -123,6 +123,29 @@ const fn mutant_chosen(_: &str) -> bool {
     false
 }
 
+// Inlined entry points (for kvfence-ffi, the C ABI). The hot operations have a hidden
+// `#[inline(always)]` twin (`__open_gate_inline`, `__begin_inline`, `__end_inline`,
+// `__abort_inline`, `__quiesce_inline`) that holds the body; the public method only calls
+// it, so Rust callers get the same code as before. `kvfence_*` calls the twin: its body is
+// compiled into the C shim, and a C call makes one call level, as a Rust call does, not two
+// (the shim's, then the core's). `drain_released_with` is generic, so it is compiled into
+// its caller's crate anyway. Two kinds of helper are `#[inline]` because of this:
+// * those the core inlines into these bodies (comment "inlined into kvfence-ffi"): without
+//   the attribute the other crate cannot inline them, and an out-of-line call from it costs
+//   more than the level saved;
+// * the hot-path callees below those (`clear_position`, `close`, `end_hold`, `claim_one`,
+//   `check_writers`; comment "a local copy per crate"): a function that an inlinable body
+//   names becomes an exported symbol, and rustc calls exported functions of a PIC rlib
+//   through the GOT (`R_X86_64_GOTPCREL`, which the linker does not relax), the core's own
+//   calls included: without the attribute the Rust callers got slower (1-5% CPU time
+//   on the boundary benchmark). `#[inline]` gives each codegen unit its own copy, called
+//   directly or inlined.
+// `clear_position` is `#[inline(always)]`: LLVM inlined it into `kvfence_quiesce` (its one
+// caller in that codegen unit) but not into the core's `quiesce` (one of three callers), so
+// the C program ran ~135 instructions per lifecycle fewer than the Rust one for a reason
+// that is no boundary. Forced, both sides run the same code (and every ACK is cheaper).
+// The measurements: ffi/bench/RESULTS.md.
+
 // Below the concerns: primitives and data, each self-contained.
 mod bitmap;
 mod config;

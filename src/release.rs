@@ -81,6 +81,7 @@ pub enum Quiesced {
 
 impl RoomTable {
     /// Takes a transfer hold on an owned room of generation `gen`.
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn hold(&self, slot: &Slot, gen: u32) -> Result<(), Error> {
         match slot.word.begin(gen, Hold::Transfer) {
             Ok(()) => Ok(()),
@@ -104,6 +105,7 @@ impl RoomTable {
 
     /// Clears writer position `pos` of lifecycle `gen` of room `index`; drops the mask
     /// word's hold if it empties.
+    #[inline(always)] // into quiesce, as into kvfence_quiesce (see lib.rs)
     pub(crate) fn clear_position(
         &self,
         index: usize,
@@ -247,6 +249,7 @@ impl RoomTable {
     }
 
     /// The generation and reason code queued in room `index`, whose queue bit we took.
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     fn queued_release(&self, index: usize) -> (u32, u32) {
         // The bit was set after the tag was stored (`push` is `Release`, our take of the
         // bit `Acquire`): the tag names a lifecycle.

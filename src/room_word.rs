@@ -298,6 +298,7 @@ impl RoomWord {
     ///
     /// Only the thread that claimed the room's index in the room bitmap may call this, while
     /// the word is `FREE`; `Release` publishes the page list and the mask words it wrote.
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn publish(&self, gen: u32, words: u32) {
         debug_assert_eq!(
             self.load(Ordering::Relaxed),

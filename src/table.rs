@@ -117,6 +117,20 @@ impl RoomTable {
         token: u64,
         pages: Vec<u32>,
     ) -> Result<RoomHandle, Error> {
+        self.__open_gate_inline(writers, token, pages)
+    }
+
+    /// [`open_gate`](Self::open_gate), always inlined into its caller. For kvfence-ffi
+    /// only (`kvfence_open_gate`: one call level from C, as a Rust caller of `open_gate`
+    /// has); not part of the API, no stability promise. Rust code calls `open_gate`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __open_gate_inline(
+        &self,
+        writers: &[u32],
+        token: u64,
+        pages: Vec<u32>,
+    ) -> Result<RoomHandle, Error> {
         if self.pages_free.is_some() {
             return Err(Error::WrongMode { table: "pool" });
         }
@@ -132,6 +146,7 @@ impl RoomTable {
 
     /// The one `open`: claim an index, fill the page list with `fill`, stamp, publish, and
     /// re-check the fenced ranks (store-buffer pair with `fence_rank`, see `fence.rs`).
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     fn open_room(
         &self,
         writers: &[u32],
@@ -372,6 +387,15 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn quiesce(&self, handle: RoomHandle, rank: u32) -> Result<Quiesced, Error> {
+        self.__quiesce_inline(handle, rank)
+    }
+
+    /// [`quiesce`](Self::quiesce), always inlined into its caller. For kvfence-ffi only
+    /// (`kvfence_quiesce`: one call level from C, as a Rust caller of `quiesce` has); not
+    /// part of the API, no stability promise. Rust code calls `quiesce`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __quiesce_inline(&self, handle: RoomHandle, rank: u32) -> Result<Quiesced, Error> {
         let slot = self.slot(handle)?;
         let state = slot.word.load(Ordering::Acquire);
         let gen = if mutant!(kvfence_skip_ack_gen_check) {
@@ -421,6 +445,15 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn abort(&self, handle: RoomHandle) -> Result<Aborted, Error> {
+        self.__abort_inline(handle)
+    }
+
+    /// [`abort`](Self::abort), always inlined into its caller. For kvfence-ffi only
+    /// (`kvfence_abort`: one call level from C, as a Rust caller of `abort` has); not part
+    /// of the API, no stability promise. Rust code calls `abort`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __abort_inline(&self, handle: RoomHandle) -> Result<Aborted, Error> {
         let released = self.close(handle, Phase::Aborting)?;
         // Filled in place: the fan-out is 260 bytes, not worth copying around.
         let mut aborted = Aborted {
@@ -458,6 +491,7 @@ impl RoomTable {
         self.close(handle, Phase::Draining)
     }
 
+    #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
     fn close(&self, handle: RoomHandle, to: Phase) -> Result<Option<Released>, Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();

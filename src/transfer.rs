@@ -163,15 +163,20 @@ impl RoomTable {
         self.hold(slot, handle.generation())
     }
 
-    /// Ends a transfer's hold with `outcome`. `queue`: no caller to return a release to.
+    /// Ends a transfer's hold with `outcome` on the room lifecycle `room`: `index << 32 |
+    /// generation`, a handle's low word (`RoomHandle::low`), as a token slot stores it
+    /// (`end` passes it on without computing the handle's key). `queue`: no caller to return
+    /// a release to.
+    #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
     pub(crate) fn end_hold(
         &self,
-        handle: RoomHandle,
+        room: u64,
         peer: Option<u32>,
         outcome: Outcome,
         queue: bool,
     ) -> Option<Released> {
-        let (index, gen) = (handle.index(), handle.generation());
+        let (index, gen) = untag(room);
+        let index = index as usize;
         match outcome {
             Outcome::Completed if queue => {
                 self.drop_hold_to_queue(index, gen, Hold::Transfer);
@@ -180,7 +185,7 @@ impl RoomTable {
             Outcome::Completed => self.drop_hold(index, gen, Hold::Transfer),
             // MUTATION (test-only): a failed transfer counted as drained.
             Outcome::Failed if mutant!(kvfence_failed_counts_as_drained) => {
-                self.end_hold(handle, peer, Outcome::Completed, queue)
+                self.end_hold(room, peer, Outcome::Completed, queue)
             }
             Outcome::Failed => {
                 let mut failed = lock(&self.failed);
@@ -272,6 +277,19 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn begin(&self, handle: RoomHandle, peer: Option<u32>) -> Result<TransferToken, Error> {
+        self.__begin_inline(handle, peer)
+    }
+
+    /// [`begin`](Self::begin), always inlined into its caller. For kvfence-ffi only
+    /// (`kvfence_begin`: one call level from C, as a Rust caller of `begin` has); not part
+    /// of the API, no stability promise. Rust code calls `begin`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __begin_inline(
+        &self,
+        handle: RoomHandle,
+        peer: Option<u32>,
+    ) -> Result<TransferToken, Error> {
         check_peer(peer)?;
         let slot = self.slot(handle)?;
         let t = self.tokens_free.claim_one().ok_or(Error::TooManyTokens)?;
@@ -300,6 +318,19 @@ impl RoomTable {
     /// # Errors
     /// [`Error::InvalidToken`]: a token this table did not issue, or one already ended.
     pub fn end(&self, token: TransferToken, outcome: Outcome) -> Result<Option<Released>, Error> {
+        self.__end_inline(token, outcome)
+    }
+
+    /// [`end`](Self::end), always inlined into its caller. For kvfence-ffi only
+    /// (`kvfence_end`: one call level from C, as a Rust caller of `end` has); not part
+    /// of the API, no stability promise. Rust code calls `end`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn __end_inline(
+        &self,
+        token: TransferToken,
+        outcome: Outcome,
+    ) -> Result<Option<Released>, Error> {
         let t = token.0;
         if !self.token_key.made(t) {
             return Err(Error::InvalidToken);
@@ -321,12 +352,11 @@ impl RoomTable {
         {
             return Err(Error::InvalidToken);
         }
-        let (index, room_gen) = untag(slot.room.load(Ordering::Relaxed));
+        let room = slot.room.load(Ordering::Relaxed);
         let peer = slot.peer.load(Ordering::Relaxed);
         let peer = (peer >> 32 != 0).then_some(peer as u32);
         self.tokens_free.free_one(t.index());
-        let handle = self.handle(index as usize, room_gen);
-        Ok(self.end_hold(handle, peer, outcome, false))
+        Ok(self.end_hold(room, peer, outcome, false))
     }
 }
 
@@ -390,7 +420,7 @@ impl TransferGuard<'_> {
     pub fn complete(self) -> Option<Released> {
         let this = core::mem::ManuallyDrop::new(self);
         this.table
-            .end_hold(this.handle, this.peer, Outcome::Completed, false)
+            .end_hold(this.handle.low(), this.peer, Outcome::Completed, false)
     }
 
     /// Ends the transfer as failed (see [`Outcome::Failed`]). Returns a release only if the
@@ -399,7 +429,7 @@ impl TransferGuard<'_> {
     pub fn fail(self) -> Option<Released> {
         let this = core::mem::ManuallyDrop::new(self);
         this.table
-            .end_hold(this.handle, this.peer, Outcome::Failed, false)
+            .end_hold(this.handle.low(), this.peer, Outcome::Failed, false)
     }
 }
 
@@ -409,7 +439,7 @@ impl Drop for TransferGuard<'_> {
         // caller to go to: queued.
         let _ = self
             .table
-            .end_hold(self.handle, self.peer, Outcome::Failed, true);
+            .end_hold(self.handle.low(), self.peer, Outcome::Failed, true);
     }
 }
 
@@ -440,7 +470,8 @@ impl OwnedTransferGuard {
     #[must_use = "a release must be acted on"]
     pub fn end(mut self, outcome: Outcome) -> Option<Released> {
         self.ended = true;
-        self.table.end_hold(self.handle, self.peer, outcome, false)
+        self.table
+            .end_hold(self.handle.low(), self.peer, outcome, false)
     }
 
     /// Ends the transfer as completed.
@@ -461,7 +492,7 @@ impl Drop for OwnedTransferGuard {
         if !self.ended {
             let _ = self
                 .table
-                .end_hold(self.handle, self.peer, Outcome::Failed, true);
+                .end_hold(self.handle.low(), self.peer, Outcome::Failed, true);
         }
     }
 }

@@ -70,6 +70,7 @@ impl Fanout {
         self.0.contains(&rank)
     }
 
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn push(&mut self, rank: u32) {
         self.0.push(rank);
     }
@@ -89,6 +90,7 @@ impl core::fmt::Debug for Fanout {
 }
 
 /// Checks a writer list: at most [`MAX_WRITERS`], no duplicates, no `u32::MAX`.
+#[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
 pub(crate) fn check_writers(writers: &[u32]) -> Result<(), Error> {
     if writers.len() > MAX_WRITERS {
         return Err(Error::TooManyWriters {
@@ -179,6 +181,7 @@ impl Writers {
 
     /// Stamps the list for lifecycle `gen` (only the opener, before it publishes); returns
     /// the number of holds the mask words own.
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn stamp(&self, gen: u32, writers: &[u32]) -> u32 {
         // The count (with the new generation) first, then the ids with `Release`: a reader
         // that sees any new id (`Acquire`) then sees the new count, and knows the list is
@@ -211,6 +214,7 @@ impl Writers {
     /// that saw any id of the next lifecycle sees its count on the second load below
     /// (found by the loom model `m4_late_ack_error_kind`: without this order a late ACK
     /// could be answered `RankNotInRoom` instead of `StaleHandle`).
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn position(&self, gen: u32, rank: u32) -> Result<Option<usize>, MaskStale> {
         let before = self.count.load(Ordering::Acquire);
         if (before >> 32) as u32 != gen {
@@ -271,6 +275,7 @@ impl Writers {
 
     /// Appends the ranks of lifecycle `gen` still pending to `out`, which must be empty
     /// (the caller re-validates the generation).
+    #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn pending_into(&self, gen: u32, out: &mut Fanout) {
         for pos in self.pending_positions(gen) {
             out.push(self.ids[pos].load(Ordering::Relaxed));

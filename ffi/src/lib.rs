@@ -1276,7 +1276,7 @@ pub unsafe extern "C" fn kvfence_open_gate(
         }
         // SAFETY: checked; valid by contract.
         let (writers, pages) = unsafe { (input(writers, nwriters), input(pages, npages)) };
-        let h = match t.inner.open_gate(writers, token, pages.to_vec()) {
+        let h = match t.inner.__open_gate_inline(writers, token, pages.to_vec()) {
             Ok(h) => h,
             Err(ref e) => return Err(failed(e)),
         };
@@ -1429,7 +1429,7 @@ pub unsafe extern "C" fn kvfence_begin(
         // SAFETY: checked non-null and aligned; a live table by contract.
         let t = unsafe { &*table };
         let peer = (peer != KVFENCE_NO_PEER).then_some(peer);
-        let tok = match t.inner.begin(handle_of(handle), peer) {
+        let tok = match t.inner.__begin_inline(handle_of(handle), peer) {
             Ok(tok) => tok,
             Err(ref e) => return Err(failed(e)),
         };
@@ -1468,7 +1468,7 @@ pub unsafe extern "C" fn kvfence_end(
         // SAFETY: checked non-null and aligned; a live table by contract.
         let t = unsafe { &*table };
         let outcome = outcome_of(outcome)?;
-        match t.inner.end(token_of(token), outcome) {
+        match t.inner.__end_inline(token_of(token), outcome) {
             Ok(None) => kvfence_table::deliver_none(release),
             Ok(Some(r)) => kvfence_table::deliver_some(release, r),
             Err(ref e) => return Err(failed(e)),
@@ -1529,7 +1529,7 @@ pub unsafe extern "C" fn kvfence_quiesce(
         checks!(table, result, release);
         // SAFETY: checked non-null and aligned; a live table by contract.
         let t = unsafe { &*table };
-        let res = t.inner.quiesce(handle_of(handle), rank);
+        let res = t.inner.__quiesce_inline(handle_of(handle), rank);
         // The common ACK first, as one compare (a `match` alone became a jump table).
         if matches!(res, Ok(Quiesced::Recorded)) {
             kvfence_table::deliver_none(release);
@@ -1595,7 +1595,7 @@ pub unsafe extern "C" fn kvfence_abort(
         }
         // Matched in place: `Aborted` is ~300 bytes (the inline fan-out list), and moving it
         // out of the `Result` cost a 288-byte memcpy per call.
-        let mut res = t.inner.abort(handle_of(handle));
+        let mut res = t.inner.__abort_inline(handle_of(handle));
         let aborted = match res {
             Ok(ref mut a) => a,
             Err(ref e) => return Err(failed(e)),
