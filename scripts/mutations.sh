@@ -28,10 +28,11 @@ cd "$(dirname "$0")/.."
 status=0
 target="${CARGO_TARGET_DIR:-target}/mutants"
 flags="${RUSTFLAGS:-} --cfg kvfence_mutants"
+mkdir -p "$target"
 echo "== one build with every mutation: --cfg kvfence_mutants -> $target"
 if ! CARGO_TARGET_DIR="$target" RUSTFLAGS="$flags" \
-    cargo test --release --test scanner_races --no-run >/dev/null 2>"$target.build.log"; then
-    tail -n 30 "$target.build.log"
+    cargo test --release --test scanner_races --no-run >/dev/null 2>"$target/build.log"; then
+    tail -n 30 "$target/build.log"
     echo "FAIL: the mutants build failed: no mutation checked"
     exit 1
 fi
