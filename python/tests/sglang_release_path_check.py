@@ -84,5 +84,36 @@ for _ in range(3):
     q.resolve_deferred_releases()
 assert not released, "released on a deadline after an in-place clear: %r" % released
 assert all(e[2] == math.inf for e in q._deferred_releases), q._deferred_releases
+
+# The ABORT_ACK wrapper (note_abort_ack, DecodeGate.ack inline): an ACK from a rank that
+# is not the room's writer, or for a generation kvfence does not hold, is ignored and
+# counted; the writer's ACK quiesces the aborted room, which is then released.
+from types import SimpleNamespace  # noqa: E402
+import numpy as np  # noqa: E402
+
+mgr = b._decode_mgrs[True]
+gate = mgr.__dict__["_kvfence_gate"]
+recv = SimpleNamespace(bootstrap_addr="127.0.0.1:8997", kv_mgr=mgr, bootstrap_room=4242,
+                       prefill_info=SimpleNamespace(pp_size=1, attn_cp_size=1),
+                       target_cp_ranks=[0], target_tp_ranks=[0], target_pp_ranks=[0],
+                       bootstrap_infos=[{"rank_ip": "127.0.0.1", "rank_port": 7001}])
+h = gate.open_room(recv, np.arange(4, dtype=np.int32), None, None)
+assert h is not None
+gate.abort(h)
+ignored = gate.ignored_acks
+mgr.note_abort_ack(4242, 7, h)  # not a writer of this room
+gate.drain()
+assert gate.ignored_acks == ignored + 1 and h in gate.records and h not in gate.decided
+mgr.note_abort_ack(4242, 0, h + 1)  # a generation kvfence does not hold: SGLang's own
+assert gate.ignored_acks == ignored + 2 and h in gate.records
+mgr.note_abort_ack(4242, 0, None)  # no generation: SGLang's own, not counted
+assert gate.ignored_acks == ignored + 2 and h in gate.records
+mgr.note_abort_ack(4242, 0, h)  # the writer's ACK: quiesce -> released
+gate.drain()
+assert gate.decided.get(h) == "aborted", gate.decided
+assert gate.ignored_acks == ignored + 2
+gate.decided.pop(h)
+gate.decided_records.pop(h)
+gate.room_handle.pop(4242)
 print("release path OK")
 os._exit(0)

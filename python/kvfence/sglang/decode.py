@@ -107,8 +107,13 @@ class DecodeGate:
         sent) if kvfence refuses it."""
         addr = receiver.bootstrap_addr
         info = receiver.prefill_info
-        key = (addr, id(info), tuple(receiver.target_cp_ranks), tuple(receiver.target_tp_ranks),
-               tuple(receiver.target_pp_ranks))
+        cps, tps, pps = receiver.target_cp_ranks, receiver.target_tp_ranks, receiver.target_pp_ranks
+        if len(cps) == 1 and len(tps) == 1 and len(pps) == 1:
+            # One writer rank (the common case): one tuple allocated per open, not four
+            # (ints here, tuples below: the two kinds of key never collide).
+            key: Tuple[Any, ...] = (addr, id(info), cps[0], tps[0], pps[0])
+        else:
+            key = (addr, id(info), tuple(cps), tuple(tps), tuple(pps))
         cached = self.writer_cache.get(key)
         if cached is None:
             # The writers: every prefill rank the destinations go to, as its ACK names it
@@ -296,6 +301,9 @@ class DecodeGate:
 
 
 _KEY = "_kvfence_gate"  # the gate, in a decode manager's __dict__
+_monotonic = time.monotonic
+_ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
+_ERROR = kvfence.Error
 _HANDLE = "_kvfence_handle"  # the room's kvfence handle, in a receiver's __dict__
 _NO_DICT: Dict[str, Any] = {}
 
@@ -341,7 +349,14 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
         gate = mgr.__dict__.get(_KEY) if h is not None else None
         if gate is None:
             return orig(self, force_arm=force_arm)
-        gate.abort(h)
+        # DecodeGate.abort, inline (one Python frame less per aborted request).
+        rec = gate.records.get(h)
+        if rec is not None and rec.aborted_at is None:
+            rec.aborted_at = _monotonic()
+        try:
+            gate.table.abort(h)
+        except _ROOM_GONE:
+            pass
         # Arm and accept the drain ACK whatever the deferred-release flag says.
         mgr.enable_deferred_decode_kv_release = True
         tls = _tls
@@ -379,10 +394,24 @@ def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
     def note_abort_ack(self: Any, bootstrap_room: int, prefill_rank: int,
                        generation: int) -> None:
         gate = self.__dict__.get(_KEY)
-        if gate is not None and gate.ack(bootstrap_room, prefill_rank, generation):
-            # A live kvfence room: quiesce replaced SGLang's ACK set, which has no entry
-            # under this generation (register_deferred_abort_room made none).
-            return
+        if gate is not None and generation is not None:
+            # DecodeGate.ack, inline (one Python frame less per ACK).
+            rec = gate.records.get(generation)
+            if rec is not None:
+                # A live kvfence room: quiesce replaces SGLang's ACK set, which has no
+                # entry under this generation (register_deferred_abort_room made none).
+                # The room's own mapping: the instance may have been retired since.
+                rank = rec.rank_of.get(prefill_rank)
+                if rank is None:
+                    gate.ignored_acks += 1
+                    return
+                try:
+                    gate.table.quiesce(generation, rank)
+                except _ERROR:
+                    gate.ignored_acks += 1
+                return
+            # Not a live kvfence room (released, or another gate's): SGLang's own.
+            gate.ignored_acks += 1
         orig(self, bootstrap_room, prefill_rank, generation)
     return note_abort_ack
 
@@ -449,7 +478,9 @@ def _resolve_deferred_releases(orig: Callable[..., Any]) -> Callable[..., Any]:
             # infinite; only is_drained (kvfence's decision) remains.
             e = held[i]
             if e[2] != inf:
-                held[i] = e = (e[0], e[1], inf) + tuple(e[3:])
+                # One new tuple per entry (SGLang 0.5.23's entries have 5 fields).
+                held[i] = e = (e[0], e[1], inf, e[3], e[4]) if len(e) == 5 \
+                    else (e[0], e[1], inf) + tuple(e[3:])
             h = getattr(e[0].kv_receiver, "__dict__", _NO_DICT).get(_HANDLE)
             if h is None:
                 ungated += 1
@@ -541,6 +572,11 @@ def _clear(orig: Callable[..., Any]) -> Callable[..., Any]:
         mgr = self.kv_mgr
         gate = mgr.__dict__.get(_KEY)
         if gate is None:
+            return orig(self)
+        rec = gate.records.get(h)
+        if rec is None or rec.aborted_at is not None:
+            # Released or aborted (every clear of the release path): nothing to finish.
+            # orig cannot make a room live again, so the check may come first.
             return orig(self)
         success = mgr.request_status.get(self.bootstrap_room) == _SUCCESS
         out = orig(self)
