@@ -486,7 +486,9 @@ class _KvfenceWorkerMixin:
         sibling of its request is still in progress stays a live transfer until the
         request is done (holding longer is the safe side). The common poll (nothing done,
         no peer queued for teardown) does nothing more than vLLM's."""
-        done, failed = NixlBaseConnectorWorker._pop_done_transfers(self, transfers)
+        done, failed = NixlBaseConnectorWorker._pop_done_transfers(
+            self, transfers  # type: ignore[arg-type]
+        )
         if done or (self._kvf_ready and self._kvf_to_fence):
             self._kvf_after_poll(transfers, done)
         return done, failed
