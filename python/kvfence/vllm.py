@@ -23,7 +23,10 @@ hooks; everything else is vLLM's code. What changes, on purpose:
   other side of each transfer, which posts no handle itself, holds one transfer for as
   long as the remote may still move bytes: the pull prefill's "a decode may READ these
   blocks" (ended by the decode's completion notification) and the push decode's "the
-  prefill may WRITE these blocks" (ended by the prefill's completion notifications).
+  prefill may WRITE these blocks" (ended by the prefill's completion notifications). A
+  pull prefill's send room is opened only when its lease lapses: until then vLLM itself
+  reports the request only when its decode is done reading, and the room would be
+  released in that same poll.
 * A ``DONE`` handle completes its transfer; an error **fails** it: the handle is *kept*
   (vLLM's own "retain the handle and blocks" path) and the request is not reported, until
   the peer is fenced. vLLM's worker only reports a request in ``finished_sending`` /
@@ -108,6 +111,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import (  # noq
     NixlBaseConnector,
     NixlPullConnector,
     NixlPushConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (  # noqa: E402
+    NixlBaseConnectorWorker,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
     NixlConnectorMetadata,
@@ -257,6 +263,24 @@ class _KvfenceWorkerMixin:
 
     #: False until _kvf_init ran on this instance (read on the hot path instead of a call).
     _kvf_ready = False
+    # Class-level values the per-step path reads before it knows whether _kvf_init ran
+    # (an instance built with ``__new__``, as vLLM's tests do): "a scan is due" (no time
+    # is >= 1 and < 0), so that the first poll takes the slow path, which initialises.
+    _kvf_scan_at = 1.0
+    _kvf_scan_due = 0.0
+
+    # The per-step hooks call vLLM's next implementation as a plain function
+    # (``NixlBaseConnectorWorker._pop_done_transfers(self, ...)``), not through
+    # ``super()``: on CPython 3.11 a zero-argument ``super()`` call costs ~0.13 us more,
+    # and these run every engine step. They are looked up at call time (a patch on vLLM's
+    # class still applies); this checks, for every class built on kvfence's workers,
+    # that each is what ``super()`` would have found, and refuses the class otherwise.
+    #: (kvfence class, method, the vLLM class whose method it calls directly)
+    _KVF_DIRECT: Tuple[Tuple[type, str, type], ...] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_direct_calls(cls)
 
     def _kvf_ensure(self) -> None:
         """Initialises kvfence's state if ``__init__`` was bypassed (``__new__`` in tests)."""
@@ -460,10 +484,18 @@ class _KvfenceWorkerMixin:
         progress) complete their transfers. Per request, not per handle, so the step
         costs O(requests done), not O(handles in flight): a handle that is DONE while a
         sibling of its request is still in progress stays a live transfer until the
-        request is done (holding longer is the safe side)."""
+        request is done (holding longer is the safe side). The common poll (nothing done,
+        no peer queued for teardown) does nothing more than vLLM's."""
+        done, failed = NixlBaseConnectorWorker._pop_done_transfers(
+            self, transfers  # type: ignore[arg-type]
+        )
+        if done or (self._kvf_ready and self._kvf_to_fence):
+            self._kvf_after_poll(transfers, done)
+        return done, failed
+
+    def _kvf_after_poll(self, transfers: Dict[str, List[int]], done: Set[str]) -> None:
         if not self._kvf_ready:
             self._kvf_ensure()
-        done, failed = super()._pop_done_transfers(transfers)  # type: ignore[misc]
         if self._kvf_to_fence and transfers is self._recving_transfers:
             # A handle failed in this poll: tear its peer down and fence it now, so that
             # vLLM's failure report (which follows this poll) goes out in the same step.
@@ -480,7 +512,6 @@ class _KvfenceWorkerMixin:
                             del self._kvf_xfers[handle]
                         else:
                             self._kvf_complete(handle)
-        return done, failed
 
     def _handle_failed_transfer(
         self,
@@ -522,8 +553,12 @@ class _KvfenceWorkerMixin:
     def _reap_expired_send_leases(self, done_sending: Set[str]) -> None:
         """A lapsed lease aborts the send room; it frees nothing (stock: reported sent).
 
-        Like vLLM's, it looks at every lease (heartbeats move deadlines in place, so the
-        map is not in expiry order); the common step, none lapsed, is one ``min()``."""
+        Pull opens the send room here, at the lapse (:meth:`_kvf_room_at_lapse`): before
+        it vLLM reports the request only when its decode says it is done reading, and the
+        room, with nothing else on it, would be released in that same poll: a room opened
+        earlier could hold nothing. Like vLLM's, it looks at every lease (heartbeats move
+        deadlines in place, so the map is not in expiry order); the common step, none
+        lapsed, is one ``min()``."""
         to_send = self._reqs_to_send
         if not to_send:
             return
@@ -535,6 +570,9 @@ class _KvfenceWorkerMixin:
             self._kvf_ensure()
         with self._kvf_lock:
             for req_id in expired:
+                # The room first: if the table is full this raises with the lease still
+                # in _reqs_to_send (retried next poll; nothing reported, nothing freed).
+                self._kvf_room_at_lapse(req_id)
                 del self._reqs_to_send[req_id]
                 # Kept in _reqs_to_process: a late completion notif still ends the READ.
                 self._kvf_lapsed.pop(req_id, None)  # (to the end: lapse order)
@@ -549,15 +587,14 @@ class _KvfenceWorkerMixin:
 
     # ------------------------------------------------------------ per-step driver
 
-    def _kvf_policies(self) -> None:
+    def _kvf_policies(self, now: float) -> None:
         """Stuck handles -> teardown; lapsed unreported rooms -> quarantine; teardowns.
 
-        The common step does neither scan nor teardown: nothing can be stuck or due for
-        quarantine before ``_kvf_scan_due`` (see :meth:`_kvf_scan`), and there is nothing
-        to tear down while ``_kvf_to_fence`` is empty."""
+        Called by ``get_transfer_results`` only when there is something to do: a scan
+        due (nothing can be stuck or due for quarantine before ``_kvf_scan_due``, see
+        :meth:`_kvf_scan`) or a peer queued in ``_kvf_to_fence``."""
         if not self._kvf_ready:
             self._kvf_ensure()
-        now = time.perf_counter()
         if not self._kvf_scan_at <= now < self._kvf_scan_due:
             self._kvf_scan(now)
         if self._kvf_to_fence:
@@ -621,10 +658,10 @@ class _KvfenceWorkerMixin:
                 self._kvf_to_fence.pop(engine, None)
                 self._kvf_fence_engine(engine, why)
 
-    def _kvf_filter(self, results: KVConnectorTransferResults) -> KVConnectorTransferResults:
-        """Reports a request only once kvfence has released its room."""
-        if not self._kvf_ready:
-            self._kvf_ensure()
+    def _kvf_gate(self, results: KVConnectorTransferResults) -> KVConnectorTransferResults:
+        """The release gate: vLLM's report, with each request that has a room held back
+        until kvfence has released that room, and the requests of rooms released since
+        (a lapsed lease, a fence) added."""
         if not results.finished_sending and not results.finished_recving:
             # The common step: nothing reported, nothing to close. The table's release
             # queue is lock-free; the maps are taken under the lock only if it has any.
@@ -633,6 +670,11 @@ class _KvfenceWorkerMixin:
                 with self._kvf_lock:
                     self._kvf_report(released, results)
             return results
+        return self._kvf_filter(results)
+
+    def _kvf_filter(self, results: KVConnectorTransferResults) -> KVConnectorTransferResults:
+        """The gate when vLLM reports something: each request it reports with a room is
+        held back until that room is released."""
         with self._kvf_lock:
             for req_id in list(results.finished_sending):
                 key = (_SEND, req_id)
@@ -680,7 +722,7 @@ class _KvfenceWorkerMixin:
                     results.failed_recving.add(req_id)
 
     def _kvf_track_sends(self, metadata: NixlConnectorMetadata) -> None:
-        """Opens a send room for each request whose blocks now wait for a remote."""
+        """Push: opens a send room for each request whose blocks now wait for a remote."""
         if not self._kvf_ready:
             self._kvf_ensure()
         for req_id in metadata.reqs_to_send:
@@ -688,8 +730,25 @@ class _KvfenceWorkerMixin:
                 self._kvf_open_send(req_id)
 
     def _kvf_open_send(self, req_id: str) -> None:
+        # Push: the room has no transfer of its own; its WRITEs are its transfers.
         with self._kvf_lock:
             self._kvf_open(_SEND, req_id)
+
+    def _kvf_room_at_lapse(self, req_id: str) -> None:
+        """The send room of a request whose lease just lapsed, if the worker opens it only
+        then (pull). Push: nothing (opened by ``start_load_kv`` and by its WRITEs)."""
+
+
+def _check_direct_calls(cls: type) -> None:
+    """Refuses a class in which a direct call of kvfence's would skip an override."""
+    for owner, name, target in getattr(cls, "_KVF_DIRECT", ()):
+        if owner in cls.__mro__ and getattr(super(owner, cls), name) is not getattr(target, name):
+            raise TypeError(
+                f"{cls.__name__}: a class between kvfence's {owner.__name__} and vLLM's "
+                f"{target.__name__} overrides {name}, which {owner.__name__} calls as "
+                f"{target.__name__}.{name}: put that class before {owner.__name__} in "
+                f"the bases"
+            )
 
 
 def _engine_of(meta: Optional[ReqMeta]) -> Optional[str]:
@@ -706,18 +765,12 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._kvf_init(vllm_config)
 
-    def _kvf_open_send(self, req_id: str) -> None:
-        # Pull prefill: "a decode may READ these blocks", ended by its notification.
+    def _kvf_room_at_lapse(self, req_id: str) -> None:
+        # Pull prefill, at the lapse: "a decode may still READ these blocks", ended by
+        # its (late) notification, or by a quarantine. (No start_load_kv override: the
+        # room is opened only when it can hold something, see _reap_expired_send_leases.)
         if (_SEND, req_id) not in self._kvf_room:
             self._kvf_begin((_SEND, req_id), _SEND, req_id, None)
-
-    def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
-        """vLLM's; then a send room per request handed to a decode."""
-        if not self._kvf_ready:
-            self._kvf_ensure()
-        super().start_load_kv(metadata)
-        if metadata.reqs_to_send:
-            self._kvf_track_sends(metadata)
 
     def _read_blocks_for_req(self, req_id: str, meta: ReqMeta) -> None:
         """vLLM's READ posting; every handle it posted becomes a transfer (peer = the
@@ -734,9 +787,20 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
                     self._kvf_begin(handle, _RECV, req_id, engine)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
-        """Policies (teardown, quarantine), vLLM's poll, then kvfence's release gate."""
-        self._kvf_policies()
-        return self._kvf_filter(super().get_transfer_results())
+        """Policies (teardown, quarantine) when due, vLLM's poll, then kvfence's
+        release gate."""
+        now = time.perf_counter()
+        if not self._kvf_scan_at <= now < self._kvf_scan_due or self._kvf_to_fence:
+            self._kvf_policies(now)
+        results = NixlPullConnectorWorker.get_transfer_results(self)
+        if results.finished_sending or results.finished_recving:
+            return self._kvf_filter(results)
+        # _kvf_gate's common step, inline (one call less in every engine step).
+        released = self.kvfence_table.drain_released()
+        if released:
+            with self._kvf_lock:
+                self._kvf_report(released, results)
+        return results
 
 
 class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
@@ -752,12 +816,16 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
     def start_load_kv(self, metadata: NixlConnectorMetadata) -> None:
         """vLLM's; then send rooms (prefill) and "the prefill may WRITE" transfers
         (decode, peer = the prefill engine) for the registrations sent this step."""
-        if not self._kvf_ready:
-            self._kvf_ensure()
-        super().start_load_kv(metadata)
+        NixlPushConnectorWorker.start_load_kv(self, metadata)
         if metadata.reqs_to_send:
             self._kvf_track_sends(metadata)
-        for req_id in metadata.push_registrations or ():
+        if metadata.push_registrations:
+            self._kvf_track_registrations(metadata)
+
+    def _kvf_track_registrations(self, metadata: NixlConnectorMetadata) -> None:
+        if not self._kvf_ready:
+            self._kvf_ensure()
+        for req_id in metadata.push_registrations:
             key = (_RECV, req_id)
             if key not in self._kvf_xfers and key not in self._kvf_room:
                 self._kvf_begin(key, _RECV, req_id, _engine_of(self._recving_metadata.get(req_id)))
@@ -815,12 +883,14 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
             self._send_failures.add(xf.req_id)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
-        """Policies, vLLM's poll (its expired-lease reports never happen here), then
-        kvfence's release gate."""
-        self._kvf_policies()
-        raw = super().get_transfer_results()
+        """Policies when due, vLLM's poll (its expired-lease reports never happen here),
+        then kvfence's release gate."""
+        now = time.perf_counter()
+        if not self._kvf_scan_at <= now < self._kvf_scan_due or self._kvf_to_fence:
+            self._kvf_policies(now)
+        raw = NixlPushConnectorWorker.get_transfer_results(self)
         evicted = set(raw.finished_sending)  # vLLM evicted the writer's state of these
-        results = self._kvf_filter(raw)
+        results = self._kvf_gate(raw)
         # What kvfence reports later (a lapsed lease, a fenced peer): evict it now.
         late = results.finished_sending - evicted
         for req_id in late:
@@ -830,6 +900,22 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
         return results
 
 
+# What the per-step hooks call directly (see _KvfenceWorkerMixin._KVF_DIRECT); checked
+# here for kvfence's own classes, and by __init_subclass__ for every class built on them.
+_POP = (_KvfenceWorkerMixin, "_pop_done_transfers", NixlBaseConnectorWorker)
+KvfencePullWorker._KVF_DIRECT = (
+    _POP,
+    (KvfencePullWorker, "get_transfer_results", NixlPullConnectorWorker),
+)
+KvfencePushWorker._KVF_DIRECT = (
+    _POP,
+    (KvfencePushWorker, "get_transfer_results", NixlPushConnectorWorker),
+    (KvfencePushWorker, "start_load_kv", NixlPushConnectorWorker),
+)
+_check_direct_calls(KvfencePullWorker)
+_check_direct_calls(KvfencePushWorker)
+
+
 class _KvfenceConnectorMixin:
     """Connector-level glue: builds kvfence's worker instead of vLLM's (skipping the
     stock worker's construction), ships events up, counts them in the scheduler."""
@@ -837,9 +923,13 @@ class _KvfenceConnectorMixin:
     connector_worker: Any
 
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
-        """The worker's kvfence events of this step (vLLM's connector metadata)."""
-        w = self.connector_worker
-        return w.kvfence_take_events() if isinstance(w, _KvfenceWorkerMixin) else None
+        """The worker's kvfence events of this step (vLLM's connector metadata); None
+        (no object, no lock) in the common step without any."""
+        try:
+            pending = self.connector_worker._kvf_events  # only kvfence's workers have it
+        except AttributeError:  # no worker (scheduler role), a foreign or uninitialised one
+            return None
+        return self.connector_worker.kvfence_take_events() if pending else None
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         """vLLM's; then counts the aggregated kvfence events (scheduler process)."""

@@ -16,7 +16,7 @@ times, and the median of the per-round kvfence/stock ratios):
   ``FakeNixlConnectorWorker`` on ``FakeNixlWrapper``) holding N decode READs in progress
   (one handle each) and N prefill requests waiting to be read (leases not expired): the
   poll vLLM runs every engine step. kvfence's worker also holds the N recv rooms with one
-  transfer each and the N send rooms.
+  transfer each (its send rooms are opened only when a lease lapses: none here).
 * **worker step**: everything the connector's worker side runs in an engine step with
   nothing new scheduled: ``start_load_kv`` (an empty ``NixlConnectorMetadata``), the poll,
   then the connector's ``build_connector_worker_meta()`` (stock: vLLM's base, ``None``;
@@ -93,7 +93,6 @@ def _load_worker(w: Any, n: int, kvf: bool) -> None:
         w._reqs_to_send[p] = far
         if kvf:
             w._kvf_begin(h, "recv", r, REMOTE)  # what _read_blocks_for_req does
-            w._kvf_open_send(p)  # what start_load_kv does
 
 
 def _scheduler(kvf: bool, n: int) -> Tuple[Any, Callable[[], None]]:
@@ -176,7 +175,7 @@ def test_bench_step(default_vllm_config: Any, dist_init: Any) -> None:
             w = _worker(kvf)
             _load_worker(w, n, kvf)
             if kvf:
-                assert len(w._kvf_xfers) == 2 * n  # n READs + n "may be read" windows
+                assert len(w._kvf_xfers) == n  # the n READs
             return w.get_transfer_results
 
         res = _side_by_side(mk_worker, steps, chunks)

@@ -321,3 +321,35 @@ def test_version_check_refuses_other_vllm() -> None:
     with patch.object(kv._metadata, "version", return_value="0.32.1"):
         with pytest.raises(ImportError, match=r"supports vLLM 0\.33\.0 only.*found vLLM 0\.32\.1"):
             kv._check_version()
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its per-step direct calls")
+def test_direct_calls_refuse_a_class_they_would_skip() -> None:
+    """kvfence's per-step hooks call vLLM's next method directly (not via super()): a
+    class that would put an override of one of them between kvfence's class and vLLM's
+    is refused with a TypeError (it would be skipped); a patch on vLLM's class applies."""
+    import kvfence.vllm as kv
+
+    class Polls(kv.NixlPullConnectorWorker):  # type: ignore[misc]
+        def get_transfer_results(self) -> Any:
+            raise AssertionError("skipped by a direct call")
+
+    class Pops(kv.NixlPullConnectorWorker):  # type: ignore[misc]
+        def _pop_done_transfers(self, transfers: Any) -> Any:
+            raise AssertionError("skipped by a direct call")
+
+    class Other(kv.NixlPullConnectorWorker):  # type: ignore[misc]
+        def unrelated(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="overrides get_transfer_results"):
+        type("Bad1", (kv.KvfencePullWorker, Polls), {})
+    with pytest.raises(TypeError, match="overrides _pop_done_transfers"):
+        type("Bad2", (kv.KvfencePullWorker, Pops), {})
+    ok = type("Ok", (kv.KvfencePullWorker, Other), {})
+    w = ok.__new__(ok)
+    seen: List[Any] = []
+    with patch.object(kv.NixlBaseConnectorWorker, "_pop_done_transfers",
+                      lambda self, t: seen.append(t) or (set(), set())):
+        assert w._pop_done_transfers({}) == (set(), set())
+    assert seen == [{}]
