@@ -198,6 +198,53 @@ class _Xfer:
 
 _SEND = "send"
 _RECV = "recv"
+_INF = float("inf")
+
+
+class _Leases(dict[str, float]):
+    """vLLM's ``_reqs_to_send`` (request -> lease deadline), plus ``kvf_due``: a lower
+    bound of its deadlines, so that "has any lease lapsed?" (asked every engine step) is
+    one comparison instead of a pass over every lease.
+
+    Why a lower bound stays right without being recomputed on every change: vLLM writes
+    the map only with ``map[req] = deadline`` (a new lease in ``start_load_kv``; a
+    heartbeat, which only moves a deadline later) and removes entries (``del``, ``pop``);
+    a store lowers the bound if it must (``__setitem__``, and ``update`` / ``setdefault``
+    / ``|=`` for completeness), a removal or a later deadline leaves a bound that is still
+    below every deadline. It only becomes *too low* (a lease that has gone), which costs
+    one pass over the map when the clock reaches it, after which
+    :meth:`_KvfenceWorkerMixin._reap_expired_send_leases` recomputes it. A lapse is never
+    seen later than by vLLM's scan: no deadline is below the bound.
+    """
+
+    __slots__ = ("kvf_due",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kvf_due = min(self.values(), default=_INF)
+
+    def __setitem__(self, key: str, value: float) -> None:
+        dict.__setitem__(self, key, value)
+        if value < self.kvf_due:
+            self.kvf_due = value
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """``dict.update``, keeping the bound."""
+        super().update(*args, **kwargs)
+        self.kvf_due = min(self.values(), default=_INF)
+
+    def setdefault(self, key: str, default: float = _INF) -> float:  # type: ignore[override]
+        """``dict.setdefault``, keeping the bound."""
+        value = super().setdefault(key, default)
+        if value < self.kvf_due:
+            self.kvf_due = value
+        return value
+
+    def __ior__(self, other: Any) -> "_Leases":  # type: ignore[override]
+        self.update(other)
+        return self
+
+
 _TOMBSTONES = 1 << 16  # released send requests remembered (a late WRITE is refused)
 
 
@@ -253,6 +300,9 @@ class _KvfenceWorkerMixin:
         self._kvf_released_sends: Dict[str, None] = {}
         self._kvf_events: List[Tuple[str, str, str]] = []
         self._kvf_tls = threading.local()
+        # The lease map with a lower bound of its deadlines (the per-step lapse check is
+        # one comparison; see _Leases). Same entries, same object for every later use.
+        self._reqs_to_send = _Leases(getattr(self, "_reqs_to_send", {}))
         # The policy scan (_kvf_policies) runs only when it can find something: at
         # _kvf_scan_due, the earliest time a transfer may become stuck or a lapsed room
         # due for quarantine (a lower bound, computed by the previous scan), or when the
@@ -486,12 +536,12 @@ class _KvfenceWorkerMixin:
         sibling of its request is still in progress stays a live transfer until the
         request is done (holding longer is the safe side). The common poll (nothing done,
         no peer queued for teardown) does nothing more than vLLM's."""
-        done, failed = NixlBaseConnectorWorker._pop_done_transfers(
+        res: Tuple[Set[str], Set[str]] = NixlBaseConnectorWorker._pop_done_transfers(
             self, transfers  # type: ignore[arg-type]
         )
-        if done or (self._kvf_ready and self._kvf_to_fence):
-            self._kvf_after_poll(transfers, done)
-        return done, failed
+        if res[0] or (self._kvf_ready and self._kvf_to_fence):  # (vLLM's tuple, as is)
+            self._kvf_after_poll(transfers, res[0])
+        return res
 
     def _kvf_after_poll(self, transfers: Dict[str, List[int]], done: Set[str]) -> None:
         if not self._kvf_ready:
@@ -558,13 +608,26 @@ class _KvfenceWorkerMixin:
         room, with nothing else on it, would be released in that same poll: a room opened
         earlier could hold nothing. Like vLLM's, it looks at every lease (heartbeats move
         deadlines in place, so the map is not in expiry order); the common step, none
-        lapsed, is one ``min()``."""
+        lapsed, is one comparison with the map's lower bound of its deadlines
+        (:class:`_Leases`)."""
         to_send = self._reqs_to_send
         if not to_send:
             return
         now = time.perf_counter()
-        if now < min(to_send.values()):
+        try:
+            due = to_send.kvf_due  # type: ignore[attr-defined]
+        except AttributeError:  # a plain dict put in its place (a test): the same by min()
+            due = min(to_send.values())
+        if now < due:
             return  # none lapsed: the same answer as the scan below, without it
+        try:
+            self._kvf_reap(to_send, now)
+        finally:
+            if type(to_send) is _Leases:  # the scan's answer: the bound is exact again
+                to_send.kvf_due = min(to_send.values(), default=_INF)
+
+    def _kvf_reap(self, to_send: Dict[str, float], now: float) -> None:
+        """The leases lapsed at ``now``: each aborts its send room (see above)."""
         expired = [r for r, t in to_send.items() if now >= t]
         if not self._kvf_ready:
             self._kvf_ensure()

@@ -353,3 +353,58 @@ def test_direct_calls_refuse_a_class_they_would_skip() -> None:
                       lambda self, t: seen.append(t) or (set(), set())):
         assert w._pop_done_transfers({}) == (set(), set())
     assert seen == [{}]
+
+
+def _lease_scenario(w: Any, leases_cls: Any) -> List[str]:
+    """Leases stored every way vLLM (and a dict) can store them, each lapsed request
+    reaped by the first poll after its deadline? Returns the requests a poll missed."""
+    now = time.perf_counter()
+    w._reqs_to_send = leases_cls({"a": now + 100.0, "b": now + 200.0})
+    missed: List[str] = []
+
+    def poll(expect_reaped: str) -> None:
+        w._reap_expired_send_leases(set())
+        if expect_reaped in w._reqs_to_send:
+            missed.append(expect_reaped)
+            del w._reqs_to_send[expect_reaped]  # (go on with the rest of the scenario)
+
+    w._reap_expired_send_leases(set())
+    assert set(w._reqs_to_send) == {"a", "b"}, "a lease reaped before its deadline"
+    w._reqs_to_send["a"] = now + 300.0  # a heartbeat moves the earliest deadline later
+    w._reqs_to_send["c"] = now - 1.0  # a new lease below every other (a short TTL)
+    poll("c")
+    del w._reqs_to_send["b"]  # the decode read it: the bound is now too low (harmless)
+    w._reap_expired_send_leases(set())
+    assert set(w._reqs_to_send) == {"a"}, "a live lease reaped after a stale bound"
+    w._reqs_to_send.update({"d": now - 1.0})
+    poll("d")
+    w._reqs_to_send.setdefault("e", now - 1.0)
+    poll("e")
+    w._reqs_to_send |= {"f": now - 1.0}
+    poll("f")
+    w._reqs_to_send = {"a": now + 300.0, "g": now - 1.0}  # a plain dict put in its place
+    poll("g")
+    assert set(w._reqs_to_send) == {"a"}
+    return missed
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its lease map's lower bound")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_lease_bound_sees_every_deadline(default_vllm_config: Any, dist_init: Any) -> None:
+    """The per-step lapse check compares the clock with a lower bound of the deadlines
+    (``_Leases``) instead of scanning them: a lease stored in any way, below the bound,
+    after a heartbeat or after a removal, is still reaped by the first poll after its
+    deadline, and no live lease is reaped. A bound that a store does not lower (the
+    mutant below) misses it: this test fails on it."""
+    import kvfence.vllm as kv
+
+    class NotLowered(kv._Leases):  # the mutant: a store does not lower the bound
+        __slots__ = ()
+
+        def __setitem__(self, key: str, value: float) -> None:
+            dict.__setitem__(self, key, value)
+
+    pd = PD("kv_producer")
+    assert type(pd.worker._reqs_to_send) is kv._Leases
+    assert _lease_scenario(pd.worker, kv._Leases) == []
+    assert "c" in _lease_scenario(PD("kv_producer").worker, NotLowered), "mutant not caught"
