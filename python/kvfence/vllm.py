@@ -240,7 +240,7 @@ class _Leases(dict[str, float]):
             self.kvf_due = value
         return value
 
-    def __ior__(self, other: Any) -> "_Leases":  # type: ignore[override]
+    def __ior__(self, other: Any) -> "_Leases":  # type: ignore[override,misc]
         self.update(other)
         return self
 
