@@ -41,7 +41,7 @@ WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 class Rec:
     __slots__ = ("id", "inst", "ranks", "pages", "h", "state", "t_open", "abort_at",
                  "t_abort", "done_ranks", "acks", "decode_until", "corrupt", "why",
-                 "abort_on_commit", "released", "t_fail", "lranks", "wgen")
+                 "abort_on_commit", "released", "t_fail", "lranks", "wgen", "reset_log")
 
     def __init__(self, rid, inst, ranks, pages):
         self.id, self.inst, self.ranks, self.pages = rid, inst, ranks, pages
@@ -60,6 +60,7 @@ class Rec:
         self.abort_on_commit = False
         self.released = False
         self.t_fail = None
+        self.reset_log = None
 
 
 class Decode:
@@ -108,6 +109,10 @@ class Decode:
                   "fence_waits_with_unread_data": 0, "transport_resets": 0,
                   "declared_dead": 0, "fenced_host_landings_after_heal": 0}
         self.teardowns = []  # hosts mode: ms from "declare dead" to "proven torn down"
+        # per -1 reset (hosts mode, kvfence): where its cost goes (hosts.py summarizes)
+        self.reset_log = []  # dicts: t (monotonic), inst, extra_aborted, session_ms,
+        #                      reset_to_ready_ms, peer_engine_ms, teardown_ms, fenced_at
+        self.reset_open = {}  # inst -> its reset_log entry awaiting READY
         self.teardown_errors = []
         self.landed = set()
         self.lat = []
@@ -275,6 +280,11 @@ class Decode:
             self.lat.append((time.monotonic() - rec.t_abort) * 1000.0)
         if rec.t_fail is not None:
             self.fail_lat.append((time.monotonic() - rec.t_fail) * 1000.0)
+            if rec.reset_log is not None:
+                rec.reset_log["fail_to_release_ms"] = round(self.fail_lat[-1], 2)
+        if rec.reset_log is not None and "fenced_at" not in rec.reset_log:
+            self.m["released_before_old_transport_fenced"] = \
+                self.m.get("released_before_old_transport_fenced", 0) + 1
         for p in rec.pages:
             self.owner[p] = None
         if quarantined:
@@ -370,6 +380,10 @@ class Decode:
     def handle(self, ev):
         t, inst, m = ev
         if t == "READY":
+            log = self.reset_open.pop(inst, None)
+            if log is not None:
+                log["reset_to_ready_ms"] = round((time.monotonic() - log["t_sent"]) * 1000.0, 2)
+                log["peer_engine_ms"] = m.get("engine_ms")
             self.alive.add(inst)
             if self.table is not None:
                 for r in self.writers_of.get(inst, self.ranks_of[inst]):
@@ -434,7 +448,7 @@ class Decode:
                 if rec.state == ABORTING:
                     self.release(rec)
 
-    def fence_inst(self, inst, then=None, engine=None, writers=None):
+    def fence_inst(self, inst, then=None, engine=None, writers=None, log=None):
         """hosts mode, kvfence: tear down the transport of inst's current incarnation
         without its help (hosts.DecodeNet.teardown: filter, drain, abort, prove), then
         fence its ranks: their rooms are released only now (the scheduler drains them).
@@ -456,6 +470,9 @@ class Decode:
                 ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst, eng)
                 if ms > 0:
                     self.teardowns.append(ms)
+                if log is not None:
+                    log["teardown_ms"] = round(ms, 2)
+                    log["fenced_at"] = time.monotonic()
                 self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
                 for r in ranks:
                     self.m["rank_fences"] += 1
@@ -480,8 +497,14 @@ class Decode:
         fenced (fence_inst), and it is told to write on a new transport (a new engine
         here, a new one there); READY readmits its ranks."""
         self.m["transport_resets"] += 1
+        t0 = time.monotonic()
         self.alive.discard(inst)
+        extra = 0
+        hit = [r for r in self.recs.values() if r.inst == inst and r.state == ABORTING
+               and r.wgen == self.gen_of.get(inst, 0)]
         for rec in [r for r in self.recs.values() if r.inst == inst and r.state == TRANSFER]:
+            extra += 1
+            hit.append(rec)
             self.abort(rec)  # (inst is not alive: no ABORT is sent; the RESET drops them)
         # The new transport is independent of the old one's teardown: new writer ids (the
         # old ones are fenced when the teardown is proven; a room opened on the new ids
@@ -494,9 +517,18 @@ class Decode:
         self.gen_of[inst] = g
         self.writers_of[inst] = [r + WRITER_STRIDE * g for r in self.ranks_of[inst]]
         conn = self.conns.get(inst)
+        t_s = time.monotonic()
+        session = self.session_for(inst)
+        log = {"t": t0, "inst": inst, "extra_aborted": extra,
+               "session_ms": round((time.monotonic() - t_s) * 1000.0, 2)}
+        self.reset_log.append(log)
+        for rec in hit:
+            rec.reset_log = rec.reset_log or log
         if conn is not None:
-            conn.send(t="RESET", session=self.session_for(inst))
-        self.fence_inst(inst, engine=old_engine, writers=old_writers)
+            conn.send(t="RESET", session=session)
+            log["t_sent"] = time.monotonic()
+            self.reset_open[inst] = log
+        self.fence_inst(inst, engine=old_engine, writers=old_writers, log=log)
 
     def check_heartbeats(self, now):
         for inst in list(self.alive):
@@ -589,6 +621,18 @@ class Decode:
             out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
             out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
             out["teardown_errors"] = self.teardown_errors
+            out["resets"] = [{k: v for k, v in x.items() if k not in ("t", "t_sent", "fenced_at")}
+                             for x in self.reset_log]
+
+            def med(k):
+                xs = sorted(x[k] for x in self.reset_log if x.get(k) is not None)
+                return round(xs[len(xs) // 2], 2) if xs else None
+            out["reset_summary"] = {
+                "n": len(self.reset_log),
+                "extra_aborted_total": sum(x["extra_aborted"] for x in self.reset_log),
+                "session_ms_p50": med("session_ms"), "reset_to_ready_ms_p50": med("reset_to_ready_ms"),
+                "peer_engine_ms_p50": med("peer_engine_ms"), "teardown_ms_p50": med("teardown_ms"),
+                "fail_to_release_ms_p50": med("fail_to_release_ms")}
         out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0
         return out
 

@@ -329,7 +329,9 @@ class Proc:
     def on_reset(self, m):
         """The decode tore down our transport (a write returned -1) and fenced our ranks:
         continue on a new engine, to the new session it names."""
+        t0 = time.monotonic()
         e = self.new_engine(m["session"])
+        engine_ms = round((time.monotonic() - t0) * 1000.0, 2)
         if e is None:
             os._exit(3)  # the decode sees the EOF and fences (a new process is spawned)
         with self.lock:
@@ -338,7 +340,7 @@ class Proc:
             self.gen += 1
         for r in self.ranks.values():
             r.reset()
-        self.conn.send(t="READY", inst=self.inst)
+        self.conn.send(t="READY", inst=self.inst, engine_ms=engine_ms)
 
     def serve(self):
         while True:
