@@ -33,7 +33,10 @@ TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
 #   fence-without-teardown  hosts mode: fence a dead/reset peer's ranks without tearing
 #                           its transport down first;
 #   no-reset                hosts mode: a -1 does not reset the transport (the room is
-#                           held until the rank is fenced for another reason).
+#                           held until the rank is fenced for another reason);
+#   ack-at-reset            hosts mode (prefill.py): at a RESET the peer ACKs the old
+#                           generation's rooms at once (the failed room is released
+#                           before its transport's teardown).
 MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
 WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 
@@ -80,6 +83,7 @@ class Decode:
         self.engines = {}  # hosts mode: inst -> the engine of its current incarnation
         self.old_engines = []  # fenced engines: kept, so that their ports are never reused
         self.engine_lock = threading.Lock()
+        self.engine_ms = []  # ms per engine made (its ports found included)
         if not self.hosts:
             self.engine = self.make_engine()[0]
             self.session = "127.0.0.1:%d" % self.engine.get_rpc_port()
@@ -155,16 +159,20 @@ class Decode:
 
     def make_engine(self):
         """A Mooncake engine on this host with the KV buffer registered; (engine, its
-        listening ports). Serialized: the ports are the ones that appeared meanwhile."""
-        from .common import listen_ports
+        listening ports). Serialized: the ports are the ones that appeared meanwhile (hosts
+        mode: in the decode's namespace, where this process is alone)."""
+        from .common import listen_ports, netns_listen_ports
+        ports_now = netns_listen_ports if self.hosts else listen_ports
         with self.engine_lock:
-            before = listen_ports()
+            t0 = time.monotonic()
+            before = ports_now()
             e = self.TransferEngine()
             if e.initialize(self.ip, "P2PHANDSHAKE", "tcp", "") != 0:
                 raise RuntimeError("Mooncake initialize failed")
             if e.register_memory(self.kv_addr, self.kv.size) != 0:
                 raise RuntimeError("Mooncake register_memory failed")
-            ports = (listen_ports() - before) | {e.get_rpc_port()}
+            ports = (ports_now() - before) | {e.get_rpc_port()}
+            self.engine_ms.append((time.monotonic() - t0) * 1000.0)
             return e, ports
 
     def spare_maker(self):
@@ -723,6 +731,8 @@ class Decode:
                 "peer_engine_ms_p50": med("peer_engine_ms"), "teardown_ms_p50": med("teardown_ms"),
                 "fail_to_release_ms_p50": med("fail_to_release_ms"),
                 "drain_ms_p50": med("drain_ms"),
+                "decode_engine_make_ms_p50": (round(sorted(self.engine_ms)[len(self.engine_ms) // 2], 2)
+                                              if self.engine_ms else None),
                 "in_transfer_at_reset_total": sum(x.get("in_transfer_at_reset", 0)
                                                   for x in self.reset_log)}
         out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0

@@ -41,6 +41,11 @@ from .common import Conn, fill_page
 
 # The decode's rank id in this instance's source-room tables is the request's transport
 # generation (0 until the first RESET): a RETIRE fences one generation's rooms only.
+# Test-only mutation (e2e/hosts/ci.sh --mutation ack-at-reset): at a RESET the old
+# generation's source rooms are given up and ACKed at once, as the abortive reset did
+# before the graceful one (an ACK that does not mean "every write started has ended": the
+# failed room would be released before its transport's proven teardown).
+MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
 BAD_OFFSET = 1 << 40  # a destination outside every registered buffer: Mooncake returns -1
 
 
@@ -383,7 +388,13 @@ class Proc:
             os._exit(3)  # the decode sees the EOF and fences (a new process is spawned)
         with self.lock:
             self.engines[m["gen"]] = (e, m["session"])
-            self.gen = m["gen"]
+            old, self.gen = self.gen, m["gen"]
+        if MUTATION == "ack-at-reset":
+            for r in self.ranks.values():
+                if r.table is not None:
+                    r.table.fence_rank(old)
+                    r.deliver()
+                    r.table.readmit_rank(old)
         self.conn.send(t="READY", inst=self.inst, engine_ms=engine_ms,
                        standby=spare is not None)
 
