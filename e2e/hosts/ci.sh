@@ -45,7 +45,7 @@ if [ $rc = 78 ]; then
     exit 0
 fi
 
-"$e2e/.venv/bin/python" - "$out" "$rc" "$e2e/run" <<'PY'
+"${E2E_VENV:-$e2e/.venv}/bin/python" - "$out" "$rc" "$e2e/run" <<'PY'
 import json, subprocess, sys
 out, rc, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 passed = failed = 0
