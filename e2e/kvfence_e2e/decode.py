@@ -113,7 +113,7 @@ class Decode:
                   "fence_waits_with_unread_data": 0, "transport_resets": 0,
                   "declared_dead": 0, "fenced_host_landings_after_heal": 0,
                   "reset_drain_aborts": 0, "released_before_old_transport_fenced": 0,
-                  "failed_rooms_released_before_fence": 0}
+                  "failed_rooms_released_before_fence": 0, "resets_on_announced_standby": 0}
         self.teardowns = []  # hosts mode: ms from "declare dead" to "proven torn down"
         # per -1 reset (hosts mode, kvfence): where its cost goes (hosts.py summarizes)
         self.reset_log = []  # dicts: t (monotonic), inst, extra_aborted, session_ms,
@@ -149,12 +149,17 @@ class Decode:
         # synchronous make_engine in reset() held the scheduler 25-73 ms, all hosts idle)
         self.spares = []
         self.spare_cv = threading.Condition()
+        self.standby = {}  # inst -> (engine record, conn): announced to that incarnation
+        self.standby_lock = threading.Lock()
+        self.alive_or_welcomed = set()  # incarnations a standby may be announced to
+        self.announce_q = queue.Queue()  # (inst, conn): standbys to announce (a thread)
         self.spare_target = 0
         if self.hosts:
             from . import hosts
             self.net = hosts.DecodeNet(self)
             self.spare_target = max(1, cfg.instances if hasattr(cfg, "instances") else 1)
             threading.Thread(target=self.spare_maker, daemon=True).start()
+            threading.Thread(target=self.announcer, daemon=True).start()
         threading.Thread(target=self.acceptor, daemon=True).start()
 
     def make_engine(self):
@@ -202,18 +207,41 @@ class Decode:
         self.m["engines_made_inline"] = self.m.get("engines_made_inline", 0) + 1
         return self.make_engine()
 
-    def session_for(self, inst):
+    def session_for(self, inst, rec=None):
         """The Mooncake session a new incarnation (or transport generation) of inst writes
-        to."""
+        to (rec: an engine record already made, e.g. inst's announced standby)."""
         if not self.hosts:
             return self.session
-        e, ports = self.take_engine()
+        if rec is None:
+            e, ports = self.take_engine()
+            rec = {"engine": e, "ports": ports, "session": "%s:%d" % (self.ip, e.get_rpc_port())}
         old = self.engines.get(inst)
         if old is not None:
             self.old_engines.append(old)
-        self.engines[inst] = {"engine": e, "ports": ports,
-                              "session": "%s:%d" % (self.ip, e.get_rpc_port())}
-        return self.engines[inst]["session"]
+        self.engines[inst] = rec
+        return rec["session"]
+
+    def announcer(self):
+        while True:
+            self.announce_standby(*self.announce_q.get())
+
+    def announce_standby(self, inst, conn):
+        """hosts mode, kvfence (off the scheduler thread): reserves a standby engine for
+        inst's next transport generation and names it to the peer (STANDBY), which warms a
+        standby engine of its own to it (the handshake): a RESET then switches at once.
+        The standby belongs to this incarnation from then on: if it dies, the standby is
+        torn down with its current transport (on_dead); an engine no peer was told of goes
+        back to the pool."""
+        e, ports = self.take_engine()
+        rec = {"engine": e, "ports": ports, "session": "%s:%d" % (self.ip, e.get_rpc_port())}
+        with self.standby_lock:
+            if self.conns.get(inst) is conn and inst in self.alive_or_welcomed \
+                    and inst not in self.standby:
+                self.standby[inst] = (rec, conn)
+                conn.send(t="STANDBY", session=rec["session"])  # (before any RESET using it)
+                return
+        with self.spare_cv:
+            self.spares.append((e, ports))
 
     def page(self, p):
         return self.kv[p * self.ps:(p + 1) * self.ps]
@@ -256,6 +284,9 @@ class Decode:
         conn.send(t="WELCOME", scratch=self.kv_addr + self.npages * self.ps,
                   session=self.session_for(inst), gen=self.gen_of.get(inst, 0))
         self.conns[inst] = conn
+        if self.hosts and self.table is not None:
+            self.alive_or_welcomed.add(inst)
+            self.announce_standby(inst, conn)
         while True:
             m = conn.recv()
             if self.conns.get(inst) is conn:
@@ -442,6 +473,7 @@ class Decode:
             if log is not None:
                 log["reset_to_ready_ms"] = round((time.monotonic() - log["t_sent"]) * 1000.0, 2)
                 log["peer_engine_ms"] = m.get("engine_ms")
+                log["peer_standby"] = m.get("standby")
             self.alive.add(inst)
             if self.table is not None:
                 for r in self.writers_of.get(inst, self.ranks_of[inst]):
@@ -484,7 +516,10 @@ class Decode:
         """The control connection of a prefill instance closed (its process is gone), or
         (declared) the instance was silent past the heartbeat deadline (hosts mode)."""
         self.alive.discard(inst)
-        conn = self.conns.pop(inst, None)
+        with self.standby_lock:
+            conn = self.conns.pop(inst, None)
+            self.alive_or_welcomed.discard(inst)
+            sb = self.standby.pop(inst, None)  # warmed by this incarnation: torn down too
         if declared:
             self.m["declared_dead"] += 1
             if conn is not None:
@@ -497,7 +532,8 @@ class Decode:
             if old["inst"] == inst:
                 old["deadline"] = 0.0
         if self.table is not None and self.hosts:
-            self.fence_inst(inst)  # the local teardown, proven, then the fence
+            self.fence_inst(inst, standby=sb[0] if sb else None)  # the local teardown,
+            # proven (of its current transport and of its standby), then the fence
         elif self.table is not None:
             # Fence only once the transport is torn down. The control EOF is not enough:
             # Mooncake's server may still hold the dead peer's bytes in a data socket
@@ -509,7 +545,7 @@ class Decode:
                 if rec.state == ABORTING:
                     self.release(rec)
 
-    def fence_inst(self, inst, then=None, engine=None, writers=None, log=None):
+    def fence_inst(self, inst, then=None, engine=None, writers=None, log=None, standby=None):
         """hosts mode, kvfence: tear down the transport of inst's current incarnation
         without its help (hosts.DecodeNet.teardown: filter, drain, abort, prove), then
         fence its ranks: their rooms are released only now (the scheduler drains them).
@@ -523,6 +559,11 @@ class Decode:
             self.pending_fence[inst] = time.monotonic()
         ranks = list(writers if reset else self.writers_of.get(inst, self.ranks_of[inst]))
         eng = engine if engine is not None else self.engines.get(inst)
+        both = None
+        if standby is not None:  # one teardown over both engines' ports
+            both = [x for x in (eng, standby) if x is not None]
+            eng = {"ports": set().union(*(x["ports"] for x in both)),
+                   "fenced": all(x.get("fenced") for x in both)}
 
         def work():
             try:
@@ -531,6 +572,8 @@ class Decode:
                 ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst, eng)
                 if ms > 0:
                     self.teardowns.append(ms)
+                for x in both or ():
+                    x["fenced"] = True
                 if log is not None:
                     log["teardown_ms"] = round(ms, 2)
                     log["fenced_at"] = time.monotonic()  # (set before the fence below:
@@ -585,7 +628,15 @@ class Decode:
         self.gen_of[inst] = g
         self.writers_of[inst] = [r + WRITER_STRIDE * g for r in self.ranks_of[inst]]
         t_s = time.monotonic()
-        session = self.session_for(inst)  # a standby engine: no wait
+        with self.standby_lock:
+            sb = self.standby.pop(inst, None)
+        if sb is not None and sb[1] is old["conn"]:
+            session = self.session_for(inst, sb[0])  # announced: the peer has warmed it
+            self.m["resets_on_announced_standby"] += 1
+        else:
+            session = self.session_for(inst)  # a standby engine of the pool: no wait
+        if old["conn"] is not None:
+            self.announce_q.put((inst, old["conn"]))  # the next generation's standby
         log = {"t": t0, "inst": inst, "gen": g, "failed_req": failed,
                "in_transfer_at_reset": sum(1 for r in hit if r.state == TRANSFER),
                "extra_aborted": 0, "session_ms": round((time.monotonic() - t_s) * 1000.0, 2)}

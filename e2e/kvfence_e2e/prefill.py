@@ -311,6 +311,7 @@ class Proc:
         self.old_engines = []  # retired transports: kept (never destroyed while in use)
         self.spare = None  # a standby engine (ring registered), made in the background
         self.spare_cv = threading.Condition()
+        self.warmed = {}  # session -> engine warmed to it (STANDBY), None while warming
         s = socket.create_connection((a.ctl_host, a.ctl))
         self.conn = Conn(s)
         self.conn.send(t="HELLO", inst=a.inst, ranks=ranks, pid=os.getpid())
@@ -368,8 +369,33 @@ class Proc:
     def take_spare(self):
         with self.spare_cv:
             e, self.spare = self.spare, None
-            self.spare_cv.notify()
+            self.spare_cv.notify_all()
         return e
+
+    def on_standby(self, m):
+        """STANDBY(session): the decode reserved that session for our next transport
+        generation; a standby engine is warmed to it in the background (the handshake), so
+        that the RESET naming it switches at once."""
+        sess = m["session"]
+        with self.spare_cv:
+            self.warmed[sess] = None
+
+        def work():
+            spare = self.take_spare()
+            e = self.warm(spare if spare is not None else self.make_engine(), sess)
+            with self.spare_cv:
+                self.warmed[sess] = e if e is not None else False
+                self.spare_cv.notify_all()
+        threading.Thread(target=work, daemon=True).start()
+
+    def warmed_for(self, session, timeout=5.0):
+        """The engine warmed to session (waiting for a warm-up under way), or None."""
+        with self.spare_cv:
+            end = time.monotonic() + timeout
+            while self.warmed.get(session, False) is None and time.monotonic() < end:
+                self.spare_cv.wait(0.05)
+            e = self.warmed.pop(session, None)
+        return e or None
 
     def heartbeat(self, every):
         while self.conn.send(t="HB", inst=self.inst):
@@ -381,8 +407,12 @@ class Proc:
         (else a new one) warmed to it becomes that generation's; the requests admitted
         from now on carry it. The old generation's engine goes on serving its own."""
         t0 = time.monotonic()
-        spare = self.take_spare()
-        e = self.warm(spare if spare is not None else self.make_engine(), m["session"])
+        e = self.warmed_for(m["session"])  # announced by STANDBY: already warmed
+        standby = "warmed" if e is not None else None
+        if e is None:
+            spare = self.take_spare()
+            standby = "spare" if spare is not None else "none"
+            e = self.warm(spare if spare is not None else self.make_engine(), m["session"])
         engine_ms = round((time.monotonic() - t0) * 1000.0, 2)
         if e is None:
             os._exit(3)  # the decode sees the EOF and fences (a new process is spawned)
@@ -395,8 +425,7 @@ class Proc:
                     r.table.fence_rank(old)
                     r.deliver()
                     r.table.readmit_rank(old)
-        self.conn.send(t="READY", inst=self.inst, engine_ms=engine_ms,
-                       standby=spare is not None)
+        self.conn.send(t="READY", inst=self.inst, engine_ms=engine_ms, standby=standby)
 
     def on_retire(self, m):
         """The decode tore generation m["gen"]'s transport down (proven) and fenced its
@@ -428,6 +457,8 @@ class Proc:
                 self.on_reset(m)
             elif t == "RETIRE":
                 self.on_retire(m)
+            elif t == "STANDBY":
+                self.on_standby(m)
             elif t == "STOP":
                 tot = {}
                 for r in self.ranks.values():
