@@ -28,7 +28,7 @@ repro_rc=$?
 "$here/run" --duration 5 --kill-at 2 --json > "$out/mixed.json" 2> "$out/mixed.err"
 mixed_rc=$?
 
-"$here/.venv/bin/python" - "$out" "$repro_rc" "$mixed_rc" <<'PY'
+"${E2E_VENV:-$here/.venv}/bin/python" - "$out" "$repro_rc" "$mixed_rc" <<'PY'
 import json, sys
 out, repro_rc, mixed_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 passed = failed = 0

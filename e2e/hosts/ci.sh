@@ -7,11 +7,14 @@
 #      nothing, lose nothing, and fence the cut host only after the proven teardown;
 #   2. a -1 recovered: 5 % of the requests' last write returns -1; kvfence must reset the
 #      transport to that peer, fence and readmit its ranks, and get each failed room's
-#      pages back before the load ends (not at shutdown), 0 corrupted, 0 lost.
+#      pages back before the load ends (not at shutdown), and never before the old
+#      transport's proven teardown and fence (graceful reset: the old generation drains
+#      first), 0 corrupted, 0 lost.
 # Prints PASS/FAIL lines and "N passed, M failed"; exit 1 on a failed check. Prints a
 # NOTICE and exits 0 only where network namespaces cannot be made (not root, no netns,
 # ip/ss/tc/nft not installable) or Mooncake cannot be installed or loaded.
-#   e2e/hosts/ci.sh [--mutation fence-without-teardown|no-reset]   (test-only: must FAIL)
+#   e2e/hosts/ci.sh [--mutation fence-without-teardown|no-reset|ack-at-reset]
+#                                                                  (test-only: must FAIL)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 e2e=$(dirname "$here")
@@ -42,7 +45,7 @@ if [ $rc = 78 ]; then
     exit 0
 fi
 
-"$e2e/.venv/bin/python" - "$out" "$rc" "$e2e/run" <<'PY'
+"${E2E_VENV:-$e2e/.venv}/bin/python" - "$out" "$rc" "$e2e/run" <<'PY'
 import json, subprocess, sys
 out, rc, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 passed = failed = 0
@@ -94,6 +97,10 @@ check("-1 recovered: kvfence reset the transport and readmitted", t["failed_writ
 check("-1 recovered: every failed room's pages back before the load ended",
       t["failed_rooms_held_at_end"] == 0, "%d held; fail->release max %s ms" % (
           t["failed_rooms_held_at_end"], t["fail_to_release_ms_max"]))
+check("-1 recovered: no failed room released before its transport's proven teardown and fence",
+      t.get("failed_rooms_released_before_fence", 1) == 0 and t["transport_resets"] > 0,
+      "%s released before; %d resets" % (t.get("failed_rooms_released_before_fence"),
+                                         t["transport_resets"]))
 check("-1 recovered: kvfence 0 corrupted, 0 lost", t["corrupted_requests"] == 0
       and t["corrupted_pages"] == 0 and t["lost_pages"] == 0 and t["pages_unreleased_at_end"] == 0)
 print("teardown ms: %s" % json.dumps(d["teardown_ms"]))

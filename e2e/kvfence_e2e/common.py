@@ -168,3 +168,22 @@ def listen_ports():
     """The ports this process listens on (TCP, both families)."""
     mine = {(x[0]) for x in my_tcp_sockets() if x[2] == "0A"}
     return mine
+
+
+def netns_listen_ports():
+    """The ports listened on in this network namespace (TCP, both families). Where this
+    process is alone in its namespace (the decode host of e2e/run hosts) the same set as
+    listen_ports(), without its scan of every fd of the process (which grows with every
+    engine kept: tens of ms on the loaded dev box, measured as a reset's cost)."""
+    out = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            p = ln.split(None, 4)
+            if len(p) > 3 and p[3] == "0A":
+                out.add(int(p[1].rsplit(":", 1)[1], 16))
+    return out

@@ -33,7 +33,10 @@ TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
 #   fence-without-teardown  hosts mode: fence a dead/reset peer's ranks without tearing
 #                           its transport down first;
 #   no-reset                hosts mode: a -1 does not reset the transport (the room is
-#                           held until the rank is fenced for another reason).
+#                           held until the rank is fenced for another reason);
+#   ack-at-reset            hosts mode (prefill.py): at a RESET the peer ACKs the old
+#                           generation's rooms at once (the failed room is released
+#                           before its transport's teardown).
 MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
 WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 
@@ -41,7 +44,7 @@ WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 class Rec:
     __slots__ = ("id", "inst", "ranks", "pages", "h", "state", "t_open", "abort_at",
                  "t_abort", "done_ranks", "acks", "decode_until", "corrupt", "why",
-                 "abort_on_commit", "released", "t_fail", "lranks", "wgen")
+                 "abort_on_commit", "released", "t_fail", "lranks", "wgen", "reset_log")
 
     def __init__(self, rid, inst, ranks, pages):
         self.id, self.inst, self.ranks, self.pages = rid, inst, ranks, pages
@@ -60,6 +63,7 @@ class Rec:
         self.abort_on_commit = False
         self.released = False
         self.t_fail = None
+        self.reset_log = None
 
 
 class Decode:
@@ -79,6 +83,7 @@ class Decode:
         self.engines = {}  # hosts mode: inst -> the engine of its current incarnation
         self.old_engines = []  # fenced engines: kept, so that their ports are never reused
         self.engine_lock = threading.Lock()
+        self.engine_ms = []  # ms per engine made (its ports found included)
         if not self.hosts:
             self.engine = self.make_engine()[0]
             self.session = "127.0.0.1:%d" % self.engine.get_rpc_port()
@@ -106,8 +111,14 @@ class Decode:
                   "rank_fences": 0, "kills": 0, "quarantined_pages": 0,
                   "peak_pages_held_awaiting_drain": 0, "fence_wait_ms_max": 0.0,
                   "fence_waits_with_unread_data": 0, "transport_resets": 0,
-                  "declared_dead": 0, "fenced_host_landings_after_heal": 0}
+                  "declared_dead": 0, "fenced_host_landings_after_heal": 0,
+                  "reset_drain_aborts": 0, "released_before_old_transport_fenced": 0,
+                  "failed_rooms_released_before_fence": 0, "resets_on_announced_standby": 0}
         self.teardowns = []  # hosts mode: ms from "declare dead" to "proven torn down"
+        # per -1 reset (hosts mode, kvfence): where its cost goes (hosts.py summarizes)
+        self.reset_log = []  # dicts: t (monotonic), inst, extra_aborted, session_ms,
+        #                      reset_to_ready_ms, peer_engine_ms, teardown_ms, fenced_at
+        self.reset_open = {}  # inst -> its reset_log entry awaiting READY
         self.teardown_errors = []
         self.landed = set()
         self.lat = []
@@ -129,36 +140,113 @@ class Decode:
         self.rids_by_inst = {}
         self.owner = {}  # page -> request id owning it (None: free)
         self.watch = None  # (request ids, heal time): bytes of a cut host watched for
+        # hosts mode, kvfence: transports being drained after a -1 (see reset): dicts
+        # inst, gen, writers, engine, conn, deadline, log
+        self.draining = []
+        self.drain_s = (self.hosts or {}).get("reset_drain_s", 0.5)
+        # standby engines (hosts mode): made off the scheduler thread, so that a new
+        # session (a reset, a respawn) costs the scheduler nothing (measured before: a
+        # synchronous make_engine in reset() held the scheduler 25-73 ms, all hosts idle)
+        self.spares = []
+        self.spare_cv = threading.Condition()
+        self.standby = {}  # inst -> (engine record, conn): announced to that incarnation
+        self.standby_lock = threading.Lock()
+        self.alive_or_welcomed = set()  # incarnations a standby may be announced to
+        self.announce_q = queue.Queue()  # (inst, conn): standbys to announce (a thread)
+        self.spare_target = 0
         if self.hosts:
             from . import hosts
             self.net = hosts.DecodeNet(self)
+            self.spare_target = max(1, cfg.instances if hasattr(cfg, "instances") else 1)
+            # (these two threads keep this Decode, hence its engines, alive for the
+            # driver's lifetime: never destroyed during a later run. Measured on the dev
+            # box: a TransferEngine's destructor takes ~0.95 s and holds the GIL, 40 of
+            # them 38 s; destroyed by the cycle collector in a later run, they would stall
+            # it)
+            threading.Thread(target=self.spare_maker, daemon=True).start()
+            threading.Thread(target=self.announcer, daemon=True).start()
         threading.Thread(target=self.acceptor, daemon=True).start()
 
     def make_engine(self):
         """A Mooncake engine on this host with the KV buffer registered; (engine, its
-        listening ports). Serialized: the ports are the ones that appeared meanwhile."""
-        from .common import listen_ports
+        listening ports). Serialized: the ports are the ones that appeared meanwhile (hosts
+        mode: in the decode's namespace, where this process is alone)."""
+        from .common import listen_ports, netns_listen_ports
+        ports_now = netns_listen_ports if self.hosts else listen_ports
         with self.engine_lock:
-            before = listen_ports()
+            t0 = time.monotonic()
+            before = ports_now()
             e = self.TransferEngine()
             if e.initialize(self.ip, "P2PHANDSHAKE", "tcp", "") != 0:
                 raise RuntimeError("Mooncake initialize failed")
             if e.register_memory(self.kv_addr, self.kv.size) != 0:
                 raise RuntimeError("Mooncake register_memory failed")
-            ports = (listen_ports() - before) | {e.get_rpc_port()}
+            ports = (ports_now() - before) | {e.get_rpc_port()}
+            self.engine_ms.append((time.monotonic() - t0) * 1000.0)
             return e, ports
 
-    def session_for(self, inst):
-        """The Mooncake session a new incarnation of inst writes to."""
+    def spare_maker(self):
+        """hosts mode: keeps spare_target standby engines made (a fresh engine each: its
+        ports serve one incarnation or generation only, so that its teardown filter never
+        touches another's)."""
+        while True:
+            with self.spare_cv:
+                while len(self.spares) >= self.spare_target:
+                    self.spare_cv.wait()
+            try:
+                e = self.make_engine()
+            except RuntimeError as x:
+                self.teardown_errors.append("standby engine: %r" % x)
+                return  # session_for makes them synchronously from now on
+            with self.spare_cv:
+                self.spares.append(e)
+
+    def take_engine(self):
+        """A standby engine if one is ready (else one made now); (engine, ports)."""
+        with self.spare_cv:
+            if self.spares:
+                e = self.spares.pop(0)
+                self.spare_cv.notify()
+                self.m["standby_engines_used"] = self.m.get("standby_engines_used", 0) + 1
+                return e
+        self.m["engines_made_inline"] = self.m.get("engines_made_inline", 0) + 1
+        return self.make_engine()
+
+    def session_for(self, inst, rec=None):
+        """The Mooncake session a new incarnation (or transport generation) of inst writes
+        to (rec: an engine record already made, e.g. inst's announced standby)."""
         if not self.hosts:
             return self.session
-        e, ports = self.make_engine()
+        if rec is None:
+            e, ports = self.take_engine()
+            rec = {"engine": e, "ports": ports, "session": "%s:%d" % (self.ip, e.get_rpc_port())}
         old = self.engines.get(inst)
         if old is not None:
             self.old_engines.append(old)
-        self.engines[inst] = {"engine": e, "ports": ports,
-                              "session": "%s:%d" % (self.ip, e.get_rpc_port())}
-        return self.engines[inst]["session"]
+        self.engines[inst] = rec
+        return rec["session"]
+
+    def announcer(self):
+        while True:
+            self.announce_standby(*self.announce_q.get())
+
+    def announce_standby(self, inst, conn):
+        """hosts mode, kvfence (off the scheduler thread): reserves a standby engine for
+        inst's next transport generation and names it to the peer (STANDBY), which warms a
+        standby engine of its own to it (the handshake): a RESET then switches at once.
+        The standby belongs to this incarnation from then on: if it dies, the standby is
+        torn down with its current transport (on_dead); an engine no peer was told of goes
+        back to the pool."""
+        e, ports = self.take_engine()
+        rec = {"engine": e, "ports": ports, "session": "%s:%d" % (self.ip, e.get_rpc_port())}
+        with self.standby_lock:
+            if self.conns.get(inst) is conn and inst in self.alive_or_welcomed \
+                    and inst not in self.standby:
+                self.standby[inst] = (rec, conn)
+                conn.send(t="STANDBY", session=rec["session"])  # (before any RESET using it)
+                return
+        with self.spare_cv:
+            self.spares.append((e, ports))
 
     def page(self, p):
         return self.kv[p * self.ps:(p + 1) * self.ps]
@@ -199,8 +287,11 @@ class Decode:
         inst = m["inst"]
         self.last_seen[inst] = time.monotonic()
         conn.send(t="WELCOME", scratch=self.kv_addr + self.npages * self.ps,
-                  session=self.session_for(inst))
+                  session=self.session_for(inst), gen=self.gen_of.get(inst, 0))
         self.conns[inst] = conn
+        if self.hosts and self.table is not None:
+            self.alive_or_welcomed.add(inst)
+            self.announce_standby(inst, conn)
         while True:
             m = conn.recv()
             if self.conns.get(inst) is conn:
@@ -263,7 +354,8 @@ class Decode:
         for j, r in enumerate(rec.lranks):
             chunks = [(c, self.kv_addr + pages[c] * self.ps) for c in range(ppr) if c % R == j]
             self.conns[inst].send(t="REQ", req=rid, h=rec.h or 0, rank=r, chunks=chunks,
-                                  delay_ms=delay_ms, fail_chunk=fail_chunk, notify=notify)
+                                  delay_ms=delay_ms, fail_chunk=fail_chunk, notify=notify,
+                                  gen=rec.wgen)
         return rec
 
     def release(self, rec, quarantined=False):
@@ -275,6 +367,16 @@ class Decode:
             self.lat.append((time.monotonic() - rec.t_abort) * 1000.0)
         if rec.t_fail is not None:
             self.fail_lat.append((time.monotonic() - rec.t_fail) * 1000.0)
+            if rec.reset_log is not None:
+                rec.reset_log["fail_to_release_ms"] = round(self.fail_lat[-1], 2)
+        if rec.reset_log is not None and "fenced_at" not in rec.reset_log \
+                and rec.t_abort is not None:
+            # an aborted room of a reset generation released before that transport's fence:
+            # only on the peer's ACK (every write it started has ended); never the failed
+            # room (its -1 write's outcome is unknown: only the fence may release it)
+            self.m["released_before_old_transport_fenced"] += 1
+            if rec.t_fail is not None and rec.reset_log.get("failed_req") == rec.id:
+                self.m["failed_rooms_released_before_fence"] += 1
         for p in rec.pages:
             self.owner[p] = None
         if quarantined:
@@ -331,6 +433,8 @@ class Decode:
         now = time.monotonic()
         if self.hosts:
             self.check_heartbeats(now)
+            if self.draining:
+                self.check_drains(now)
             if self.watch is not None:
                 self.scan_landings()
         if self.table is not None:
@@ -370,6 +474,11 @@ class Decode:
     def handle(self, ev):
         t, inst, m = ev
         if t == "READY":
+            log = self.reset_open.pop(inst, None)
+            if log is not None:
+                log["reset_to_ready_ms"] = round((time.monotonic() - log["t_sent"]) * 1000.0, 2)
+                log["peer_engine_ms"] = m.get("engine_ms")
+                log["peer_standby"] = m.get("standby")
             self.alive.add(inst)
             if self.table is not None:
                 for r in self.writers_of.get(inst, self.ranks_of[inst]):
@@ -403,7 +512,7 @@ class Decode:
             self.abort(rec)  # the request fails
             if self.hosts and self.table is not None and rec.inst in self.alive \
                     and rec.wgen == self.gen_of.get(rec.inst, 0) and MUTATION != "no-reset":
-                self.reset(rec.inst)  # -1: the transport to that peer is reset
+                self.reset(rec.inst, failed=rec.id)  # -1: the transport to that peer is reset
         elif t == "COMMIT":
             if rec.abort_on_commit:
                 self.abort(rec)
@@ -412,7 +521,10 @@ class Decode:
         """The control connection of a prefill instance closed (its process is gone), or
         (declared) the instance was silent past the heartbeat deadline (hosts mode)."""
         self.alive.discard(inst)
-        conn = self.conns.pop(inst, None)
+        with self.standby_lock:
+            conn = self.conns.pop(inst, None)
+            self.alive_or_welcomed.discard(inst)
+            sb = self.standby.pop(inst, None)  # warmed by this incarnation: torn down too
         if declared:
             self.m["declared_dead"] += 1
             if conn is not None:
@@ -421,8 +533,12 @@ class Decode:
         for rec in mine:
             if rec.state == TRANSFER:
                 self.abort(rec)  # the request fails
+        for old in self.draining:  # its old transport generations: torn down now
+            if old["inst"] == inst:
+                old["deadline"] = 0.0
         if self.table is not None and self.hosts:
-            self.fence_inst(inst)  # the local teardown, proven, then the fence
+            self.fence_inst(inst, standby=sb[0] if sb else None)  # the local teardown,
+            # proven (of its current transport and of its standby), then the fence
         elif self.table is not None:
             # Fence only once the transport is torn down. The control EOF is not enough:
             # Mooncake's server may still hold the dead peer's bytes in a data socket
@@ -434,7 +550,7 @@ class Decode:
                 if rec.state == ABORTING:
                     self.release(rec)
 
-    def fence_inst(self, inst, then=None, engine=None, writers=None):
+    def fence_inst(self, inst, then=None, engine=None, writers=None, log=None, standby=None):
         """hosts mode, kvfence: tear down the transport of inst's current incarnation
         without its help (hosts.DecodeNet.teardown: filter, drain, abort, prove), then
         fence its ranks: their rooms are released only now (the scheduler drains them).
@@ -448,6 +564,11 @@ class Decode:
             self.pending_fence[inst] = time.monotonic()
         ranks = list(writers if reset else self.writers_of.get(inst, self.ranks_of[inst]))
         eng = engine if engine is not None else self.engines.get(inst)
+        both = None
+        if standby is not None:  # one teardown over both engines' ports
+            both = [x for x in (eng, standby) if x is not None]
+            eng = {"ports": set().union(*(x["ports"] for x in both)),
+                   "fenced": all(x.get("fenced") for x in both)}
 
         def work():
             try:
@@ -456,6 +577,12 @@ class Decode:
                 ms = 0.0 if MUTATION == "fence-without-teardown" else self.net.teardown(inst, eng)
                 if ms > 0:
                     self.teardowns.append(ms)
+                for x in both or ():
+                    x["fenced"] = True
+                if log is not None:
+                    log["teardown_ms"] = round(ms, 2)
+                    log["fenced_at"] = time.monotonic()  # (set before the fence below:
+                    # a release it causes is drained after it)
                 self.m["fence_wait_ms_max"] = round(max(self.m["fence_wait_ms_max"], ms), 1)
                 for r in ranks:
                     self.m["rank_fences"] += 1
@@ -474,29 +601,86 @@ class Decode:
                 self.pending_fence.pop(inst, None)
         threading.Thread(target=work, daemon=True).start()
 
-    def reset(self, inst):
-        """kvfence, hosts mode: a write of inst returned -1. Reset the transport to that
-        peer: its requests in transfer fail, its transport is torn down and its ranks
-        fenced (fence_inst), and it is told to write on a new transport (a new engine
-        here, a new one there); READY readmits its ranks."""
+    def reset(self, inst, failed=None):
+        """kvfence, hosts mode: a write of inst returned -1 (request failed, aborted by
+        the caller). A graceful reset of the transport to that peer:
+
+        * at once, a new transport generation: new writer ids (a room opened on them can
+          never be released by the old ones' fence), a standby engine here (its own
+          ports: the old one's teardown filter never touches it), RESET(gen, session) to
+          the peer, which switches to a standby engine of its own. inst stays alive: the
+          requests admitted from now on carry the new generation and are written on the
+          new transport only (the peer routes each chunk by its request's generation);
+        * the old generation drains: its requests in transfer go on on the old transport
+          (the failed room's chunks are refused: it was aborted), their ACKs are honest
+          (sent once every write started for the room has ended);
+        * once none of them is in transfer any more, or after drain_s (then the rest are
+          aborted, as an abortive reset would), check_drains tears the old transport down
+          (proven, hosts.DecodeNet.teardown) and only then fences the old writer ids: the
+          failed room (and any aborted room not yet ACKed) is released now, never before;
+          RETIRE(gen) tells the peer to forget that generation.
+        """
         self.m["transport_resets"] += 1
-        self.alive.discard(inst)
-        for rec in [r for r in self.recs.values() if r.inst == inst and r.state == TRANSFER]:
-            self.abort(rec)  # (inst is not alive: no ABORT is sent; the RESET drops them)
-        # The new transport is independent of the old one's teardown: new writer ids (the
-        # old ones are fenced when the teardown is proven; a room opened on the new ids
-        # can never be released by that fence), a new engine here (the filter is scoped
-        # to the old engine's ports). So the host serves again at READY, not after the
-        # teardown.
-        old_writers = list(self.writers_of.get(inst, self.ranks_of[inst]))
-        old_engine = self.engines.get(inst)
-        g = self.gen_of.get(inst, 0) + 1
+        t0 = time.monotonic()
+        old_gen = self.gen_of.get(inst, 0)
+        hit = [r for r in self.recs.values() if r.inst == inst and r.wgen == old_gen
+               and r.state in (TRANSFER, ABORTING)]
+        old = {"inst": inst, "gen": old_gen,
+               "writers": list(self.writers_of.get(inst, self.ranks_of[inst])),
+               "engine": self.engines.get(inst), "conn": self.conns.get(inst),
+               "deadline": t0 + self.drain_s}
+        g = old_gen + 1
         self.gen_of[inst] = g
         self.writers_of[inst] = [r + WRITER_STRIDE * g for r in self.ranks_of[inst]]
-        conn = self.conns.get(inst)
+        t_s = time.monotonic()
+        with self.standby_lock:
+            sb = self.standby.pop(inst, None)
+        if sb is not None and sb[1] is old["conn"]:
+            session = self.session_for(inst, sb[0])  # announced: the peer has warmed it
+            self.m["resets_on_announced_standby"] += 1
+        else:
+            session = self.session_for(inst)  # a standby engine of the pool: no wait
+        if old["conn"] is not None:
+            self.announce_q.put((inst, old["conn"]))  # the next generation's standby
+        log = {"t": t0, "inst": inst, "gen": g, "failed_req": failed,
+               "in_transfer_at_reset": sum(1 for r in hit if r.state == TRANSFER),
+               "extra_aborted": 0, "session_ms": round((time.monotonic() - t_s) * 1000.0, 2)}
+        old["log"] = log
+        self.reset_log.append(log)
+        for rec in hit:
+            rec.reset_log = rec.reset_log or log
+        conn = old["conn"]
         if conn is not None:
-            conn.send(t="RESET", session=self.session_for(inst))
-        self.fence_inst(inst, engine=old_engine, writers=old_writers)
+            conn.send(t="RESET", gen=g, session=session)
+            log["t_sent"] = time.monotonic()
+            self.reset_open[inst] = log
+        self.resets_pending += 1  # (until its teardown and fence: run_mixed waits for it)
+        self.draining.append(old)
+        self.check_drains(t0)
+
+    def check_drains(self, now):
+        """The old transport generations whose requests have all left TRANSFER (or whose
+        drain time is up: the rest aborted) are torn down, then their writer ids fenced."""
+        for old in list(self.draining):
+            inst, gen = old["inst"], old["gen"]
+            busy = [r for r in self.recs.values()
+                    if r.inst == inst and r.wgen == gen and r.state == TRANSFER]
+            if busy and now < old["deadline"] and inst in self.alive:
+                continue
+            self.draining.remove(old)
+            for rec in busy:  # drain time up: the safe abort (it releases no page itself)
+                old["log"]["extra_aborted"] += 1
+                self.m["reset_drain_aborts"] += 1
+                self.abort(rec)
+            old["log"]["drain_ms"] = round((now - old["log"]["t"]) * 1000.0, 2)
+            conn = old["conn"]
+
+            def retire(inst=inst, gen=gen, conn=conn):
+                if conn is not None and self.conns.get(inst) is conn:
+                    conn.send(t="RETIRE", gen=gen)  # the peer forgets that generation
+            self.resets_pending -= 1  # (fence_inst counts it again until its fence)
+            self.fence_inst(inst, then=retire, engine=old["engine"], writers=old["writers"],
+                            log=old["log"])
 
     def check_heartbeats(self, now):
         for inst in list(self.alive):
@@ -589,6 +773,24 @@ class Decode:
             out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
             out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
             out["teardown_errors"] = self.teardown_errors
+            out["resets"] = [{k: v for k, v in x.items()
+                              if k not in ("t", "t_sent", "fenced_at", "failed_req")}
+                             for x in self.reset_log]
+
+            def med(k):
+                xs = sorted(x[k] for x in self.reset_log if x.get(k) is not None)
+                return round(xs[len(xs) // 2], 2) if xs else None
+            out["reset_summary"] = {
+                "n": len(self.reset_log),
+                "extra_aborted_total": sum(x["extra_aborted"] for x in self.reset_log),
+                "session_ms_p50": med("session_ms"), "reset_to_ready_ms_p50": med("reset_to_ready_ms"),
+                "peer_engine_ms_p50": med("peer_engine_ms"), "teardown_ms_p50": med("teardown_ms"),
+                "fail_to_release_ms_p50": med("fail_to_release_ms"),
+                "drain_ms_p50": med("drain_ms"),
+                "decode_engine_make_ms_p50": (round(sorted(self.engine_ms)[len(self.engine_ms) // 2], 2)
+                                              if self.engine_ms else None),
+                "in_transfer_at_reset_total": sum(x.get("in_transfer_at_reset", 0)
+                                                  for x in self.reset_log)}
         out["throughput_rps"] = round(self.m["finished"] / duration, 1) if duration else 0.0
         return out
 
@@ -659,7 +861,8 @@ def run_mixed(cfg, rule, tick=None):
         while time.monotonic() - t1 < 3.0 and any(
                 r.state in (TRANSFER, DECODING) for r in d.recs.values()):
             d.step(0.005)
-        while d.hosts and (d.pending_fence or d.resets_pending) and time.monotonic() - t1 < 8.0:
+        while d.hosts and (d.pending_fence or d.resets_pending or d.draining) \
+                and time.monotonic() - t1 < 8.0:
             d.step(0.005)  # a reset under way at the end of the load: its teardown ends
         for _ in range(3):
             d.step(0.005)  # (its releases drained)

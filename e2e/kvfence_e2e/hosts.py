@@ -236,6 +236,12 @@ def parse(argv):
                     help="clean/lossy: share of requests whose last write returns -1")
     ap.add_argument("--teardown-fail-share", type=float, default=0.05,
                     help="teardown: share of -1 writes (each one resets a transport)")
+    ap.add_argument("--reset-drain-s", type=float, default=0.5,
+                    help="kvfence, -1 recovered: how long the old transport generation may "
+                         "go on serving its requests in transfer after a reset before they "
+                         "are aborted and it is torn down (0: at once, an abortive reset; "
+                         "the wait never releases a page: only the fence after the proven "
+                         "teardown does)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--teardown-report", default=None, metavar="PREFIX",
@@ -250,6 +256,8 @@ def parse(argv):
         bad = [x for x in a.rules if x not in RULES]
         if bad or not a.rules:
             ap.error("unknown rule(s) %s; choose from %s" % (",".join(bad), ",".join(RULES)))
+    if a.reset_drain_s < 0:
+        ap.error("--reset-drain-s must be >= 0")
     if a.duration <= 0 or a.rounds < 1 or a.instances < 2 or a.scale <= 0:
         ap.error("--duration and --scale must be > 0, --rounds >= 1, --instances >= 2")
     if not 0 <= a.fail_share <= 1 or not 0 <= a.teardown_fail_share <= 1:
@@ -264,7 +272,7 @@ def parse(argv):
 def hosts_cfg(a):
     pre = "kvfh%s" % a.id
     return {"decode_ip": "10.213.0.1", "switch_ns": pre + "sw", "hb_ms": 1000.0 * a.scale,  # 10 a deadline
-            "dead_after_s": 10.0 * a.scale, "linger_s": 2.0,
+            "dead_after_s": 10.0 * a.scale, "linger_s": 2.0, "reset_drain_s": a.reset_drain_s,
             "prefills": [{"ns": "%sp%d" % (pre, i), "ip": "10.213.0.%d" % (10 + i)}
                          for i in range(a.instances)]}
 

@@ -12,10 +12,17 @@ Every chunk write is guarded:
   failed write counts as finished; the last finished write of an aborted request ACKs.
 
 On a host of its own (e2e/run hosts): --ip, --ctl-host, heartbeats (--hb-ms), the session
-named by the decode's WELCOME, and RESET (kvfence, after a -1): a new Mooncake engine to
-the new session the decode names; every chunk carries the transport generation it was
-started under, and one of an older generation is dropped, never submitted; READY once
-switched.
+named by the decode's WELCOME, and the graceful reset (kvfence, after a -1):
+* RESET(gen, session): a standby Mooncake engine (made in the background beforehand) is
+  warmed to the new session and becomes generation gen's; READY. Every request carries
+  the generation the decode admitted it under (REQ gen) and each of its chunks is
+  submitted on that generation's engine only: the old generation's requests go on on the
+  old engine, the new ones on the new engine, never crossed;
+* RETIRE(gen): the decode has torn down generation gen's transport and fenced its writer
+  ids: its engine is forgotten (kept, never destroyed), its chunks not yet submitted or
+  still pending are dropped, its source rooms fenced (no ACK for them: the decode
+  released them itself). In the source-room tables the peer id of a room is its
+  generation, so a RETIRE fences that generation's rooms only.
 """
 from __future__ import annotations
 
@@ -32,13 +39,19 @@ import numpy as np
 
 from .common import Conn, fill_page
 
-DECODE_PEER = 0  # the decode's rank id in this instance's source-room tables
+# The decode's rank id in this instance's source-room tables is the request's transport
+# generation (0 until the first RESET): a RETIRE fences one generation's rooms only.
+# Test-only mutation (e2e/hosts/ci.sh --mutation ack-at-reset): at a RESET the old
+# generation's source rooms are given up and ACKed at once, as the abortive reset did
+# before the graceful one (an ACK that does not mean "every write started has ended": the
+# failed room would be released before its transport's proven teardown).
+MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
 BAD_OFFSET = 1 << 40  # a destination outside every registered buffer: Mooncake returns -1
 
 
 class ReqState:
     __slots__ = ("req", "h", "chunks", "delay", "fail_chunk", "notify", "aborted",
-                 "outstanding", "done", "acked", "src", "lock", "failed", "finished")
+                 "outstanding", "done", "acked", "src", "lock", "failed", "finished", "gen")
 
     def __init__(self, m):
         self.req, self.h = m["req"], m["h"]
@@ -54,6 +67,7 @@ class ReqState:
         self.finished = False
         self.src = None
         self.lock = threading.Lock()
+        self.gen = m.get("gen", 0)
 
 
 class Rank:
@@ -83,7 +97,7 @@ class Rank:
     def on_req(self, m):
         st = ReqState(m)
         if self.table is not None:
-            st.src = self.table.open([DECODE_PEER], [], token=st.req)
+            st.src = self.table.open([st.gen], [], token=st.req)
         self.reqs[st.req] = st
         with self.work_cv:
             self.work.append(st)
@@ -97,7 +111,7 @@ class Rank:
         if self.table is not None:
             try:
                 self.table.abort(st.src)
-                self.table.quiesce(st.src, DECODE_PEER)  # the decode asked: it is told
+                self.table.quiesce(st.src, st.gen)  # the decode asked: it is told
             except self.kvfence.Error:
                 pass  # source room already released (all written): ACK below
             self.deliver()
@@ -122,6 +136,8 @@ class Rank:
             if st is None:
                 continue
             any_ = True
+            if st.gen in self.p.retired:
+                continue  # fenced by a RETIRE: the decode released it itself
             if r.reason == "finished":
                 self.send("DONE", st.req, st.h)
             else:  # aborted: every write started for it has ended
@@ -142,11 +158,10 @@ class Rank:
                     self.work_cv.wait()
                 st = self.work.pop(0)
             for i, (chunk, dst) in enumerate(st.chunks):
-                gen = self.p.gen  # read before the transfer begins: a RESET in between
-                # leaves this chunk on the old transport, which is never submitted to
+                gen = st.gen  # the chunk goes on its request's generation's engine only
                 if self.table is not None:
                     try:
-                        x = self.table.begin_transfer(st.src, peer=DECODE_PEER)
+                        x = self.table.begin_transfer(st.src, peer=gen)
                     except (self.kvfence.RoomClosed, self.kvfence.StaleHandle):
                         # aborted (or aborted and already released): a stale write refused
                         self.stats["stale_writes_refused"] += len(st.chunks) - i
@@ -189,17 +204,18 @@ class Rank:
                 st, chunk, x, slot, dst, fail, gen = item
                 src = self.ring_addr + slot * self.ps
                 with self.p.lock:  # the transport of this chunk's generation, or none
-                    if gen != self.p.gen:
-                        self.dropped(item)  # started before a RESET: never submitted
+                    ent = self.p.engines.get(gen)
+                    if ent is None:
+                        self.dropped(item)  # its generation was retired: never submitted
                         continue
-                    eng, sess = self.p.engine, self.p.session
+                    eng, sess = ent
                     ids = [eng.transfer_submit_write(sess, src, dst, self.ps)]
                     if fail:  # plus a slice outside every registered buffer: it returns -1
                         ids.append(eng.transfer_submit_write(sess, src, dst + BAD_OFFSET, 4096))
                 inflight.append((ids, item, eng))
             keep = []
             for ids, item, eng in inflight:
-                if item[6] != self.p.gen:
+                if item[6] in self.p.retired:
                     self.dropped(item)  # on a transport the decode has torn down: forgotten
                     continue
                 # (get_batch_transfer_status on several batches in flight crashes the
@@ -226,13 +242,14 @@ class Rank:
             self.free_slots.append(item[3])
             self.slot_cv.notify()
 
-    def reset(self):
-        """RESET (the decode fenced this instance's transport): every source room written
-        through the old transport is given up (fence), the peer readmitted for new ones."""
+    def retire(self, gen):
+        """RETIRE (the decode tore generation gen's transport down and fenced its writer
+        ids): every source room of that generation is given up (fence; no ACK: deliver
+        skips retired generations); gen is never used again (out of the fenced set)."""
         if self.table is not None:
-            self.table.fence_rank(DECODE_PEER)
+            self.table.fence_rank(gen)
             self.deliver()
-            self.table.readmit_rank(DECODE_PEER)
+            self.table.readmit_rank(gen)
 
     def end(self, item, ok):
         st, chunk, x, slot, dst, fail, gen = item
@@ -250,7 +267,7 @@ class Rank:
                 else:
                     x.fail()  # outcome unknown: the source room stays held
             except self.kvfence.Error:
-                return  # its room was fenced by a RESET meanwhile: nothing to report
+                return  # its room was fenced by a RETIRE meanwhile: nothing to report
             if not ok and not st.failed:
                 st.failed = True
                 self.send("FAIL", st.req, st.h)
@@ -260,7 +277,7 @@ class Rank:
             if last:
                 try:
                     self.table.finish(st.src)
-                    self.table.quiesce(st.src, DECODE_PEER)
+                    self.table.quiesce(st.src, st.gen)
                 except self.kvfence.Error:
                     pass  # aborted meanwhile: the release says "aborted" and ACKs
             self.deliver()
@@ -288,9 +305,13 @@ class Proc:
         per = a.ring * a.page_size
         self.buf = np.zeros(per * len(ranks), dtype=np.uint8)
         base = self.buf.ctypes.data
-        self.lock = threading.Lock()  # guards (engine, session, gen) against submissions
-        self.gen = 0  # the transport generation: +1 at every RESET
-        self.old_engines = []  # reset transports: kept (never destroyed while in use)
+        self.lock = threading.Lock()  # guards engines / retired against submissions
+        self.engines = {}  # transport generation -> (engine, session) of the decode
+        self.retired = set()  # generations the decode tore down (RETIRE)
+        self.old_engines = []  # retired transports: kept (never destroyed while in use)
+        self.spare = None  # a standby engine (ring registered), made in the background
+        self.spare_cv = threading.Condition()
+        self.warmed = {}  # session -> engine warmed to it (STANDBY), None while warming
         s = socket.create_connection((a.ctl_host, a.ctl))
         self.conn = Conn(s)
         self.conn.send(t="HELLO", inst=a.inst, ranks=ranks, pid=os.getpid())
@@ -298,47 +319,125 @@ class Proc:
         if m is None or m["t"] != "WELCOME":
             sys.exit("prefill: no WELCOME")
         self.scratch = m["scratch"]
-        self.engine = self.new_engine(m.get("session") or a.session)
-        if self.engine is None:
+        self.gen = m.get("gen", 0)  # the current transport generation (RESET: the next)
+        session = m.get("session") or a.session
+        e = self.new_engine(session)
+        if e is None:
             sys.exit("prefill: Mooncake initialize / register / warm-up write failed")
-        self.session = m.get("session") or a.session
+        self.engines[self.gen] = (e, session)
+        if a.hb_ms > 0:  # hosts mode: the graceful reset's standby engine
+            threading.Thread(target=self.spare_maker, daemon=True).start()
         if a.hb_ms > 0:
             threading.Thread(target=self.heartbeat, args=(a.hb_ms / 1000.0,), daemon=True).start()
         self.ranks = {r: Rank(self, r, self.buf[i * per:(i + 1) * per], base + i * per, a.page_size)
                       for i, r in enumerate(ranks)}
         self.conn.send(t="READY", inst=a.inst)
 
-    def new_engine(self, session):
-        """A Mooncake engine with this instance's ring registered, its session to the
-        decode warmed (handshake) with one small write into the scratch page."""
+    def make_engine(self):
+        """A Mooncake engine with this instance's ring registered (None: failed)."""
         from mooncake.engine import TransferEngine
         e = TransferEngine()
         if e.initialize(self.ip, "P2PHANDSHAKE", "tcp", "") != 0:
             return None
-        base = self.buf.ctypes.data
-        if e.register_memory(base, self.buf.size) != 0:
-            return None
-        if e.transfer_sync_write(session, base, self.scratch, 64) != 0:
+        if e.register_memory(self.buf.ctypes.data, self.buf.size) != 0:
             return None
         return e
+
+    def warm(self, e, session):
+        """Warms e's session to the decode (handshake) with one small write into the
+        scratch page; e, or None."""
+        if e is None or e.transfer_sync_write(session, self.buf.ctypes.data, self.scratch,
+                                              64) != 0:
+            return None
+        return e
+
+    def new_engine(self, session):
+        return self.warm(self.make_engine(), session)
+
+    def spare_maker(self):
+        """Keeps one standby engine made, so that a RESET only warms it."""
+        while True:
+            with self.spare_cv:
+                while self.spare is not None:
+                    self.spare_cv.wait()
+            e = self.make_engine()
+            if e is None:
+                return  # on_reset makes one itself
+            with self.spare_cv:
+                self.spare = e
+
+    def take_spare(self):
+        with self.spare_cv:
+            e, self.spare = self.spare, None
+            self.spare_cv.notify_all()
+        return e
+
+    def on_standby(self, m):
+        """STANDBY(session): the decode reserved that session for our next transport
+        generation; a standby engine is warmed to it in the background (the handshake), so
+        that the RESET naming it switches at once."""
+        sess = m["session"]
+        with self.spare_cv:
+            self.warmed[sess] = None
+
+        def work():
+            spare = self.take_spare()
+            e = self.warm(spare if spare is not None else self.make_engine(), sess)
+            with self.spare_cv:
+                self.warmed[sess] = e if e is not None else False
+                self.spare_cv.notify_all()
+        threading.Thread(target=work, daemon=True).start()
+
+    def warmed_for(self, session, timeout=5.0):
+        """The engine warmed to session (waiting for a warm-up under way), or None."""
+        with self.spare_cv:
+            end = time.monotonic() + timeout
+            while self.warmed.get(session, False) is None and time.monotonic() < end:
+                self.spare_cv.wait(0.05)
+            e = self.warmed.pop(session, None)
+        return e or None
 
     def heartbeat(self, every):
         while self.conn.send(t="HB", inst=self.inst):
             time.sleep(every)
 
     def on_reset(self, m):
-        """The decode tore down our transport (a write returned -1) and fenced our ranks:
-        continue on a new engine, to the new session it names."""
-        e = self.new_engine(m["session"])
+        """A write returned -1: the decode starts transport generation m["gen"] on a new
+        session (its old one drains, then is torn down: RETIRE). The standby engine
+        (else a new one) warmed to it becomes that generation's; the requests admitted
+        from now on carry it. The old generation's engine goes on serving its own."""
+        t0 = time.monotonic()
+        e = self.warmed_for(m["session"])  # announced by STANDBY: already warmed
+        standby = "warmed" if e is not None else None
+        if e is None:
+            spare = self.take_spare()
+            standby = "spare" if spare is not None else "none"
+            e = self.warm(spare if spare is not None else self.make_engine(), m["session"])
+        engine_ms = round((time.monotonic() - t0) * 1000.0, 2)
         if e is None:
             os._exit(3)  # the decode sees the EOF and fences (a new process is spawned)
         with self.lock:
-            self.old_engines.append(self.engine)
-            self.engine, self.session = e, m["session"]
-            self.gen += 1
+            self.engines[m["gen"]] = (e, m["session"])
+            old, self.gen = self.gen, m["gen"]
+        if MUTATION == "ack-at-reset":
+            for r in self.ranks.values():
+                if r.table is not None:
+                    r.table.fence_rank(old)
+                    r.deliver()
+                    r.table.readmit_rank(old)
+        self.conn.send(t="READY", inst=self.inst, engine_ms=engine_ms, standby=standby)
+
+    def on_retire(self, m):
+        """The decode tore generation m["gen"]'s transport down (proven) and fenced its
+        writer ids: forget it (its engine kept, never destroyed while it may be in use)."""
+        g = m["gen"]
+        with self.lock:
+            ent = self.engines.pop(g, None)
+            self.retired.add(g)
+        if ent is not None:
+            self.old_engines.append(ent)
         for r in self.ranks.values():
-            r.reset()
-        self.conn.send(t="READY", inst=self.inst)
+            r.retire(g)
 
     def serve(self):
         while True:
@@ -356,6 +455,10 @@ class Proc:
                 self.ranks[m["rank"]].on_abort(m)
             elif t == "RESET":
                 self.on_reset(m)
+            elif t == "RETIRE":
+                self.on_retire(m)
+            elif t == "STANDBY":
+                self.on_standby(m)
             elif t == "STOP":
                 tot = {}
                 for r in self.ranks.values():
