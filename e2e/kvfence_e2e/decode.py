@@ -38,6 +38,7 @@ TRANSFER, DECODING, ABORTING, DONE = "transfer", "decoding", "aborting", "done"
 #                           generation's rooms at once (the failed room is released
 #                           before its transport's teardown).
 MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
+_ENGINES = []  # every Mooncake engine this process made (never destroyed: make_engine)
 WRITER_STRIDE = 1000  # writer id = rank + WRITER_STRIDE * transport generation
 
 
@@ -183,6 +184,11 @@ class Decode:
                 raise RuntimeError("Mooncake register_memory failed")
             ports = (ports_now() - before) | {e.get_rpc_port()}
             self.engine_ms.append((time.monotonic() - t0) * 1000.0)
+            # Every engine stays referenced for the process's lifetime: a TransferEngine's
+            # destructor takes ~0.95 s with the GIL held (measured), so one dropped mid-run
+            # (a dead incarnation's standby, a retired generation) would stall the whole
+            # decode for that long.
+            _ENGINES.append(e)
             return e, ports
 
     def spare_maker(self):

@@ -49,6 +49,8 @@ MUTATION = os.environ.get("KVFENCE_E2E_MUTATION", "")
 BAD_OFFSET = 1 << 40  # a destination outside every registered buffer: Mooncake returns -1
 
 
+_ENGINES = []  # every Mooncake engine this process made: kept (see make_engine)
+
 class ReqState:
     __slots__ = ("req", "h", "chunks", "delay", "fail_chunk", "notify", "aborted",
                  "outstanding", "done", "acked", "src", "lock", "failed", "finished", "gen")
@@ -337,6 +339,7 @@ class Proc:
         """A Mooncake engine with this instance's ring registered (None: failed)."""
         from mooncake.engine import TransferEngine
         e = TransferEngine()
+        _ENGINES.append(e)  # never destroyed mid-run (its destructor holds the GIL ~1 s)
         if e.initialize(self.ip, "P2PHANDSHAKE", "tcp", "") != 0:
             return None
         if e.register_memory(self.buf.ctypes.data, self.buf.size) != 0:
