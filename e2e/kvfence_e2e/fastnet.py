@@ -27,6 +27,7 @@ import threading
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
 SOCK_DESTROY = 21
+TCPDIAG_GETSOCK = 18  # (the compat request: struct inet_diag_req, both families)
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 TCP_LISTEN = 10
@@ -37,6 +38,8 @@ _NLH = struct.Struct("=IHHII")        # nlmsghdr
 _REQ = struct.Struct("=BBBBI")        # inet_diag_req_v2 head (then inet_diag_sockid)
 _SOCKID = struct.Struct("!HH16s16s")  # sport, dport (network order), src, dst
 _TAIL = struct.Struct("=I8s")         # idiag_if, idiag_cookie
+_REQ1 = struct.Struct("=BBBB")       # inet_diag_req head: family, src_len, dst_len, ext
+_REQ1T = struct.Struct("=II")         # inet_diag_req tail: idiag_states, idiag_dbs
 _MSG = struct.Struct("=BBBB")         # inet_diag_msg head (then the sockid)
 _MSGQ = struct.Struct("=IIIII")       # expires, rqueue, wqueue, uid, inode
 _V4MAPPED = b"\0" * 10 + b"\xff\xff"
@@ -106,6 +109,13 @@ class SockDiag:
         self.s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
         self.s.bind((0, 0))
         self.destroy_ok = True  # until the kernel says EOPNOTSUPP
+        self.compat = True
+        try:  # (the one-walk compat dump, if this kernel still answers it)
+            self.sockets([1])
+        except OSError:
+            self.compat = False
+        self.how = ("sock_diag (netlink; TCPDIAG_GETSOCK: one dump, both families)"
+                    if self.compat else "sock_diag (netlink; one dump per family)")
 
     def _req(self, mtype, flags, family, states, sport=0, dport=0, src=b"\0" * 16,
              dst=b"\0" * 16, ifindex=0, cookie=b"\0" * 8):
@@ -136,16 +146,23 @@ class SockDiag:
         common.netns_tcp_sockets gives (laddr, lport, raddr, rport, state, rxq, txq;
         addresses dotted IPv4, v4-mapped IPv6 as IPv4, else None) plus the diag id."""
         lports = set(lports)
-        # One dump per family: each dump walks the whole established hash (shared by
-        # every namespace: 262144 buckets on the dev box, ~2 ms a walk), whatever the
-        # filter, so one walk for all the ports rather than one per port (the kernel's
-        # own filter on id.idiag_sport is used where there is a single port).
+        # Each dump walks the whole established hash (shared by every namespace: 262144
+        # buckets on the dev box, ~2 ms a walk) whatever its filter: so one walk for all
+        # the ports rather than one per port (the kernel's own filter on id.idiag_sport
+        # where there is a single port), and, where the kernel has it, one walk for
+        # both families: the compat request TCPDIAG_GETSOCK (struct inet_diag_req),
+        # which the kernel runs with sdiag_family AF_UNSPEC (inet_diag_dump_compat).
+        # Else one SOCK_DIAG_BY_FAMILY (inet_diag_req_v2) dump per family.
         one = next(iter(lports)) if len(lports) == 1 else 0
         out = []
         with self.lock:
-            for fam in (socket.AF_INET, socket.AF_INET6):
-                seq, msg = self._req(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP,
-                                     fam, STATES_NOT_LISTEN, sport=one)
+            if self.compat:
+                reqs = [self._compat_req(one)]
+            else:
+                reqs = [self._req(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, fam,
+                                  STATES_NOT_LISTEN, sport=one)
+                        for fam in (socket.AF_INET, socket.AF_INET6)]
+            for seq, msg in reqs:
                 self.s.send(msg)
                 for mtype, pl in self._recv(seq):
                     if mtype == NLMSG_ERROR:
@@ -153,7 +170,7 @@ class SockDiag:
                         if e:
                             raise OSError(e, "sock_diag dump: %s" % os.strerror(e))
                         continue
-                    if mtype != SOCK_DIAG_BY_FAMILY:
+                    if mtype not in (SOCK_DIAG_BY_FAMILY, TCPDIAG_GETSOCK):
                         continue
                     f, st, _t, _r = _MSG.unpack_from(pl, 0)
                     sport, dport, src, dst = _SOCKID.unpack_from(pl, _MSG.size)
@@ -165,6 +182,14 @@ class SockDiag:
                                 "rport": dport, "state": "%02X" % st, "rxq": rq, "txq": wq,
                                 "_id": (f, sport, dport, src, dst, ifx, cookie)})
         return out
+
+    def _compat_req(self, sport):
+        self.seq += 1
+        body = (_REQ1.pack(socket.AF_INET, 0, 0, 0) + _SOCKID.pack(sport, 0, b"\0" * 16,
+                                                                  b"\0" * 16)
+                + _TAIL.pack(0, b"\0" * 8) + _REQ1T.pack(STATES_NOT_LISTEN, 0))
+        return self.seq, _NLH.pack(_NLH.size + len(body), TCPDIAG_GETSOCK,
+                                   NLM_F_REQUEST | NLM_F_DUMP, self.seq, 0) + body
 
     def destroy(self, s):
         """SOCK_DESTROY of one socket (a dict from sockets()): 0, or the errno (ENOENT:

@@ -95,7 +95,7 @@ table inet %s {
     def impl(self):
         """Which implementation the teardown steps ran on (for the JSON)."""
         return {"filter": self.nft.how,
-                "sockets": ("sock_diag (netlink)" if self.diag is not None else
+                "sockets": (self.diag.how if self.diag is not None else
                             "/proc/net/tcp{,6} scan (sock_diag: %s)"
                             % getattr(self.nft, "diag_why", "?")),
                 "abort": dict(self.abort_how)}
