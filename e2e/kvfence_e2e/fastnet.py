@@ -67,6 +67,8 @@ class Nft:
             lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
             lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
             lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+            # (its netlink socket is opened here, in this process's namespace: the
+            # decode's; this process never changes namespace)
             ctx = lib.nft_ctx_new(0)  # NFT_CTX_DEFAULT
             if not ctx:
                 raise OSError("nft_ctx_new failed")
@@ -108,6 +110,9 @@ class SockDiag:
         self.seq = 0
         self.s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
         self.s.bind((0, 0))
+        # (a kernel that never answers: socket.timeout, an OSError: the teardown fails
+        # unproven, never fences; the abort falls back to `ss -K`)
+        self.s.settimeout(5.0)
         self.destroy_ok = True  # until the kernel says EOPNOTSUPP
         self.compat = True
         try:  # (the one-walk compat dump, if this kernel still answers it)
