@@ -9,7 +9,8 @@
 #      transport to that peer, fence and readmit its ranks, and get each failed room's
 #      pages back before the load ends (not at shutdown), and never before the old
 #      transport's proven teardown and fence (graceful reset: the old generation drains
-#      first), 0 corrupted, 0 lost.
+#      first), 0 corrupted, 0 lost;
+#   3. the in-process teardown alone (kvfence_e2e/fastnet_check.py, scratch namespace).
 # Prints PASS/FAIL lines and "N passed, M failed"; exit 1 on a failed check. Prints a
 # NOTICE and exits 0 only where network namespaces cannot be made (not root, no netns,
 # ip/ss/tc/nft not installable) or Mooncake cannot be installed or loaded.
@@ -21,7 +22,8 @@ e2e=$(dirname "$here")
 start=$SECONDS
 if [ "${1:-}" = --mutation ]; then export KVFENCE_E2E_MUTATION=$2; echo "mutation: $2"; fi
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+fc_ns=kvfh-fc$$
+trap 'rm -rf "$out"; ip netns del "$fc_ns" 2>/dev/null' EXIT
 
 "$e2e/run" setup
 rc=$?
@@ -45,6 +47,19 @@ if [ $rc = 78 ]; then
     exit 0
 fi
 
+# The in-process teardown (fastnet: libnftables, sock_diag, SOCK_DESTROY) checked alone,
+# without Mooncake, in a scratch namespace: its view equals /proc's, it waits for queued
+# bytes, its filter holds, its proof is able to fail (kvfence_e2e/fastnet_check.py).
+if ip netns add "$fc_ns" 2>/dev/null && ip -n "$fc_ns" link set lo up \
+        && ip -n "$fc_ns" addr add 10.213.0.1/24 dev lo && ip -n "$fc_ns" addr add 10.213.0.10/24 dev lo; then
+    PYTHONPATH="$e2e" timeout 120 ip netns exec "$fc_ns" "${E2E_VENV:-$e2e/.venv}/bin/python" \
+        -m kvfence_e2e.fastnet_check > "$out/fastnet.txt" 2>&1
+    echo "exit status $?" >> "$out/fastnet.txt"
+else
+    echo "FAIL fastnet checks: the scratch namespace could not be made" > "$out/fastnet.txt"
+fi
+ip netns del "$fc_ns" 2>/dev/null
+
 "${E2E_VENV:-$e2e/.venv}/bin/python" - "$out" "$rc" "$e2e/run" <<'PY'
 import json, subprocess, sys
 out, rc, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -54,6 +69,12 @@ def check(name, ok, detail=""):
     print(("PASS " if ok else "FAIL ") + name + (" (%s)" % detail if detail else ""))
     if ok: passed += 1
     else: failed += 1
+fc = open(out + "/fastnet.txt").read().splitlines()
+for ln in fc:
+    if ln.startswith(("PASS ", "FAIL ")):
+        check("fastnet: " + ln[5:], ln.startswith("PASS "))
+if not any(ln.startswith(("PASS ", "FAIL ")) for ln in fc) or "exit status 0" not in fc:
+    check("fastnet checks ran", False, " | ".join(fc[-5:]))
 try:
     d = json.load(open(out + "/hosts.json"))
 except Exception as e:
@@ -104,6 +125,7 @@ check("-1 recovered: no failed room released before its transport's proven teard
 check("-1 recovered: kvfence 0 corrupted, 0 lost", t["corrupted_requests"] == 0
       and t["corrupted_pages"] == 0 and t["lost_pages"] == 0 and t["pages_unreleased_at_end"] == 0)
 print("teardown ms: %s" % json.dumps(d["teardown_ms"]))
+print("teardown implementation: %s" % json.dumps(d.get("teardown_impl")))
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)
 PY

@@ -778,6 +778,7 @@ class Decode:
         if self.hosts:
             out["teardown_ms"] = [round(x, 2) for x in self.teardowns]
             out["teardown_parts_ms"] = self.net.parts  # (filter, drain, abort+proof)
+            out["teardown_impl"] = self.net.impl()  # (in process, or the tools' fallback)
             out["teardown_errors"] = self.teardown_errors
             out["resets"] = [{k: v for k, v in x.items()
                               if k not in ("t", "t_sent", "fenced_at", "failed_req")}

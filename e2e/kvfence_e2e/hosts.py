@@ -15,9 +15,12 @@ down an incarnation's transport without its help, the decode
   2. drains: waits until every socket between them has an empty receive queue, seen
      twice 1 ms apart with the filter in place (Mooncake's server copies a write from
      the socket straight into the destination: what is queued would still land);
-  3. aborts: `ss -K` closes those sockets (the server's pending read fails, its session
-     ends; the peer's retransmits and reconnects hit the filter);
-  4. proves: no socket between them remains (/proc/net/tcp{,6} of the namespace).
+  3. aborts: SOCK_DESTROY (what `ss -K` does) closes those sockets (the server's pending
+     read fails, its session ends; the peer's retransmits and reconnects hit the filter);
+  4. proves: no socket between them remains (a sock_diag dump of the namespace).
+All in process (fastnet: libnftables, NETLINK_SOCK_DIAG; no process started on the
+teardown's path); `nft`, `ss -K` and a /proc/net/tcp{,6} scan are the fallbacks where
+those cannot be loaded or the kernel refuses them (the JSON's teardown_impl says which ran).
 Only then are the incarnation's ranks fenced. The filter stays for the run: the engine
 (and its ports) is kept, never reused; a new incarnation gets a new engine.
 """
@@ -33,6 +36,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+from . import fastnet
 from .common import RULES, netns_tcp_sockets
 
 SCENARIOS = ("clean", "lossy", "partition", "teardown")
@@ -46,6 +50,28 @@ def sh(*cmd, check=True):
     return r
 
 
+_NFT = None
+_DIAG = None
+
+
+def _inproc():
+    """The in-process nftables context and sock_diag socket of this process (made once,
+    shared by its runs): (Nft, SockDiag or None). Both act in this process's network
+    namespace, the decode host's: the one a child `nft` or `ss` inherits."""
+    global _NFT, _DIAG
+    if _NFT is None:
+        _NFT = fastnet.Nft()
+        try:
+            if os.environ.get("KVFENCE_E2E_NO_INPROC"):
+                raise OSError("KVFENCE_E2E_NO_INPROC")
+            _DIAG = fastnet.SockDiag()
+            _DIAG.sockets([1])  # (a dump the kernel must answer: else the fallback)
+        except OSError as e:
+            _DIAG = None
+            _NFT.diag_why = str(e)
+    return _NFT, _DIAG
+
+
 class DecodeNet:
     """The decode host's side of the network: the fence filter and the teardown."""
 
@@ -53,9 +79,9 @@ class DecodeNet:
         self.d = decode
         self.parts = []  # per teardown: (filter, drain, abort+proof) ms
         self.locks = {}
-        sh("nft", "delete", "table", "inet", NFT_TABLE, check=False)  # a previous rule's
-        sh("nft", "-f", "-", check=False)
-        rules = """
+        self.nft, self.diag = _inproc()
+        self.nft.run("delete table inet %s" % NFT_TABLE, check=False)  # a previous rule's
+        self.nft.run("""
 table inet %s {
   set fenced { type ipv4_addr . inet_service; }
   chain fence_in { type filter hook input priority -10; policy accept;
@@ -63,16 +89,48 @@ table inet %s {
   chain fence_out { type filter hook output priority -10; policy accept;
     ip daddr . tcp sport @fenced drop; }
 }
-""" % NFT_TABLE
-        r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError("nft: %s" % r.stderr.strip())
+""" % NFT_TABLE)
+        self.abort_how = {}  # teardowns by how their sockets were aborted
+
+    def impl(self):
+        """Which implementation the teardown steps ran on (for the JSON)."""
+        return {"filter": self.nft.how,
+                "sockets": (self.diag.how if self.diag is not None else
+                            "/proc/net/tcp{,6} scan (sock_diag: %s)"
+                            % getattr(self.nft, "diag_why", "?")),
+                "abort": dict(self.abort_how)}
+
+    def _sockets(self, ports):
+        if self.diag is not None:
+            return self.diag.sockets(ports)
+        return netns_tcp_sockets(ports)
 
     def teardown(self, inst, rec):
         """Tears down inst's current transport without its help; returns the ms from the
         call ("declared dead") to the proof. Idempotent per incarnation (0.0 again)."""
         with self.locks.setdefault(inst, threading.Lock()):  # one teardown per host at a time
             return self._teardown(inst, rec)
+
+    def _abort(self, ports, seen):
+        """Aborts every non-listening socket on ports (any peer: these ports serve one
+        incarnation alone): SOCK_DESTROY of each one the drain's last look saw (seen:
+        with the filter in place no new one can be made; the proof looks again), in
+        process; else `ss -K`."""
+        if self.diag is not None and self.diag.destroy_ok:
+            try:
+                for s in seen:
+                    self.diag.destroy(s)  # (ENOENT: gone meanwhile; the proof decides)
+                how = "SOCK_DESTROY (netlink)"
+                self.abort_how[how] = self.abort_how.get(how, 0) + 1
+                return
+            except OSError:  # (no CONFIG_INET_DIAG_DESTROY, no CAP_NET_ADMIN)
+                pass
+        # (by port only: the data port is an IPv6 socket whose peers are v4-mapped,
+        # which an IPv4 "dst" would not match)
+        expr = " or ".join("sport = :%d" % p for p in sorted(ports))
+        sh("ss", "-K", "-tn", "state", "connected", "( %s )" % expr, check=False)
+        how = "ss -K"
+        self.abort_how[how] = self.abort_how.get(how, 0) + 1
 
     def _teardown(self, inst, rec):
         """rec: the engine record of the incarnation (Decode.engines)."""
@@ -83,12 +141,15 @@ table inet %s {
         ports = sorted(rec["ports"])
         # 1. filter
         elems = ", ".join("%s . %d" % (peer, p) for p in ports)
-        sh("nft", "add", "element", "inet", NFT_TABLE, "fenced", "{ %s }" % elems)
+        self.nft.run("add element inet %s fenced { %s }" % (NFT_TABLE, elems))
         t1 = time.monotonic()
 
+        seen = []
+
         def mine():
-            return [s for s in netns_tcp_sockets(rec["ports"])
-                    if s["lport"] in rec["ports"] and s["raddr"] == peer and s["state"] != "0A"]
+            seen[:] = [s for s in self._sockets(rec["ports"])
+                       if s["lport"] in rec["ports"] and s["state"] != "0A"]
+            return [s for s in seen if s["raddr"] == peer]
 
         # 2. drain: what is already queued is still copied into our memory; wait for it
         zero = 0
@@ -105,15 +166,14 @@ table inet %s {
         if waited:
             self.d.m["fence_waits_with_unread_data"] += 1
         t2 = time.monotonic()
-        # 3. abort (never the listening sockets: "state connected")
-        expr = " or ".join("sport = :%d" % p for p in ports)
-        # (by port only: these ports serve this incarnation alone; the data port is an
-        # IPv6 socket whose peers are v4-mapped, which an IPv4 "dst" would not match)
-        sh("ss", "-K", "-tn", "state", "connected", "( %s )" % expr, check=False)
+        # 3. abort (never the listening sockets)
+        self._abort(ports, seen)
         # 4. prove
         left = mine()
         if left:
-            raise RuntimeError("teardown: sockets to %s remain after ss -K: %s" % (peer, left))
+            raise RuntimeError("teardown: sockets to %s remain after the abort: %s"
+                               % (peer, [{k: v for k, v in x.items() if k != "_id"}
+                                         for x in left]))
         rec["fenced"] = True
         t3 = time.monotonic()
         self.parts.append((round((t1 - t0) * 1000, 2), round((t2 - t1) * 1000, 2),
@@ -341,6 +401,19 @@ COLS = [("scenario", "scenario", 9), ("rule", "rule", 12), ("round", "rnd", 3),
         ("throughput_rps", "rps", 6), ("lost_pages", "lost", 4)]
 
 
+def teardown_impl(results):
+    """Which implementation each teardown step ran on, over the runs: filter and sockets
+    as one run says (the same for every run of this process), abort counted."""
+    impls = [r["teardown_impl"] for r in results if r.get("teardown_impl")]
+    if not impls:
+        return None
+    abort = {}
+    for x in impls:
+        for k, v in x["abort"].items():
+            abort[k] = abort.get(k, 0) + v
+    return {"filter": impls[0]["filter"], "sockets": impls[0]["sockets"], "abort": abort}
+
+
 def write_teardown_report(a, doc, results):
     parts = [p for r in results if r["rule"] == "kvfence" for p in r.get("teardown_parts_ms", ())]
     cols = list(zip(*parts)) if parts else [(), (), ()]
@@ -356,6 +429,7 @@ def write_teardown_report(a, doc, results):
            "teardown_ms": doc["teardown_ms"],
            "parts_ms": {"filter": dist(list(cols[0])), "drain": dist(list(cols[1])),
                         "abort_and_proof": dist(list(cols[2]))},
+           "implementation": doc["teardown_impl"],
            "samples_by_scenario": causes, "samples_ms": doc["teardown_samples_ms"]}
     t = doc["teardown_ms"]
     lines = ["# Teardown of a Mooncake TCP transport, measured", "",
@@ -380,13 +454,16 @@ def write_teardown_report(a, doc, results):
     lines += ["", "Samples by scenario: %s." % ", ".join("%s %d" % kv for kv in causes.items()),
               "Teardowns that found bytes still queued from the peer (and waited for the "
               "server to apply them): %d." % waited,
-              "", "Steps: *filter* = one `nft add element` (fork + exec); *drain* = receive "
-              "queues seen empty twice, 1 ms apart, with the filter in place; *abort and "
-              "proof* = one `ss -K` (fork + exec) and a scan of /proc/net/tcp{,6}. On this "
-              "loaded 2-core box most of it is process start-up and scheduling; the "
-              "median is the figure the simulator takes as its default teardown "
-              "(`MEASURED_TEARDOWN_MS`, started at detection and divided by `--time-scale` "
-              "like the other peer times: `kvfence-sim --help`)."]
+              "", "Implementation: %s." % json.dumps(doc["teardown_impl"]),
+              "", "Steps: *filter* = one `add element` to the fenced set (in process by "
+              "libnftables, or one `nft` started: see implementation); *drain* = receive "
+              "queues seen empty twice, 1 ms apart, with the filter in place (each look: "
+              "a sock_diag dump per address family, or a scan of /proc/net/tcp{,6}); "
+              "*abort and proof* = SOCK_DESTROY of each socket on the incarnation's ports "
+              "(or one `ss -K` started) and one more look. The median is the figure the "
+              "simulator can take as its default teardown (`MEASURED_TEARDOWN_MS`, "
+              "started at detection and divided by `--time-scale` like the other peer "
+              "times: `kvfence-sim --help`)."]
     with open(a.teardown_report + ".json", "w") as f:
         json.dump(rep, f, indent=1)
     with open(a.teardown_report + ".md", "w") as f:
@@ -439,7 +516,8 @@ def main(argv=None):
     doc = {"mode": "hosts", "seed": a.seed, "wall_s": wall, "scale": a.scale,
            "machine": os.uname().nodename + ", %d CPUs" % os.cpu_count(),
            "results": results, "summary": summary, "teardown_ms": dist(teardowns),
-           "teardown_samples_ms": [round(x, 2) for x in teardowns]}
+           "teardown_samples_ms": [round(x, 2) for x in teardowns],
+           "teardown_impl": teardown_impl(results)}
     if a.teardown_report:
         write_teardown_report(a, doc, results)
     if a.json:
