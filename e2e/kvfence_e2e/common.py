@@ -96,6 +96,18 @@ class Conn:
         self.sock.close()
 
 
+def _proc_tcp_lines():
+    """The socket lines of /proc/net/tcp and /proc/net/tcp6 (this network namespace's TCP
+    sockets, both families; a file that cannot be read is skipped)."""
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        yield from lines
+
+
 def my_tcp_sockets():
     """This process's TCP sockets: (local port, remote port, state, rx_queue bytes).
     state is /proc/net/tcp's hex code ('01' established, '08' CLOSE_WAIT, '0A' listen)."""
@@ -109,17 +121,11 @@ def my_tcp_sockets():
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
     out = []
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for ln in lines:
-            p = ln.split()
-            if len(p) > 9 and p[9] in inodes:
-                out.append((int(p[1].rsplit(":", 1)[1], 16), int(p[2].rsplit(":", 1)[1], 16),
-                            p[3], int(p[4].split(":")[1], 16)))
+    for ln in _proc_tcp_lines():
+        p = ln.split()
+        if len(p) > 9 and p[9] in inodes:
+            out.append((int(p[1].rsplit(":", 1)[1], 16), int(p[2].rsplit(":", 1)[1], 16),
+                        p[3], int(p[4].split(":")[1], 16)))
     return out
 
 
@@ -144,23 +150,17 @@ def netns_tcp_sockets(lports=None):
     '0A' listen), rxq (bytes queued for the reader), txq."""
     out = []
     keys = None if lports is None else tuple(":%04X " % p for p in lports)
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
+    for ln in _proc_tcp_lines():
+        if keys is not None and not any(k in ln[:60] for k in keys):
+            continue  # (cheap pre-filter on the local address field)
+        p = ln.split()
+        if len(p) < 5:
             continue
-        for ln in lines:
-            if keys is not None and not any(k in ln[:60] for k in keys):
-                continue  # (cheap pre-filter on the local address field)
-            p = ln.split()
-            if len(p) < 5:
-                continue
-            la, lp = _addr(p[1])
-            ra, rp = _addr(p[2])
-            tx, rx = p[4].split(":")
-            out.append({"laddr": la, "lport": lp, "raddr": ra, "rport": rp, "state": p[3],
-                        "rxq": int(rx, 16), "txq": int(tx, 16)})
+        la, lp = _addr(p[1])
+        ra, rp = _addr(p[2])
+        tx, rx = p[4].split(":")
+        out.append({"laddr": la, "lport": lp, "raddr": ra, "rport": rp, "state": p[3],
+                    "rxq": int(rx, 16), "txq": int(tx, 16)})
     return out
 
 
@@ -176,14 +176,8 @@ def netns_listen_ports():
     listen_ports(), without its scan of every fd of the process (which grows with every
     engine kept: tens of ms on the loaded dev box, measured as a reset's cost)."""
     out = set()
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for ln in lines:
-            p = ln.split(None, 4)
-            if len(p) > 3 and p[3] == "0A":
-                out.add(int(p[1].rsplit(":", 1)[1], 16))
+    for ln in _proc_tcp_lines():
+        p = ln.split(None, 4)
+        if len(p) > 3 and p[3] == "0A":
+            out.add(int(p[1].rsplit(":", 1)[1], 16))
     return out
