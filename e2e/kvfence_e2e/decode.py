@@ -82,7 +82,6 @@ class Decode:
         self.kv = np.zeros((self.npages + 1) * self.ps, dtype=np.uint8)
         self.kv_addr = self.kv.ctypes.data
         self.engines = {}  # hosts mode: inst -> the engine of its current incarnation
-        self.old_engines = []  # fenced engines: kept, so that their ports are never reused
         self.engine_lock = threading.Lock()
         self.engine_ms = []  # ms per engine made (its ports found included)
         if not self.hosts:
@@ -226,9 +225,8 @@ class Decode:
         if rec is None:
             e, ports = self.take_engine()
             rec = {"engine": e, "ports": ports, "session": "%s:%d" % (self.ip, e.get_rpc_port())}
-        old = self.engines.get(inst)
-        if old is not None:
-            self.old_engines.append(old)
+        # (the record replaced keeps nothing alive: every engine stays in _ENGINES, its
+        # ports bound, never reused)
         self.engines[inst] = rec
         return rec["session"]
 

@@ -119,6 +119,7 @@ class SockDiag:
             self.sockets([1])
         except OSError:
             self.compat = False
+            self.sockets([1])  # the per-family dumps must answer (else OSError: fallback)
         self.how = ("sock_diag (netlink; TCPDIAG_GETSOCK: one dump, both families)"
                     if self.compat else "sock_diag (netlink; one dump per family)")
 

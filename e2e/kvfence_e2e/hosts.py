@@ -52,23 +52,22 @@ def sh(*cmd, check=True):
 
 _NFT = None
 _DIAG = None
+_DIAG_WHY = ""  # why sock_diag is not used (the /proc fallback runs), if it is not
 
 
 def _inproc():
     """The in-process nftables context and sock_diag socket of this process (made once,
     shared by its runs): (Nft, SockDiag or None). Both act in this process's network
     namespace, the decode host's: the one a child `nft` or `ss` inherits."""
-    global _NFT, _DIAG
+    global _NFT, _DIAG, _DIAG_WHY
     if _NFT is None:
         _NFT = fastnet.Nft()
         try:
             if os.environ.get("KVFENCE_E2E_NO_INPROC"):
                 raise OSError("KVFENCE_E2E_NO_INPROC")
-            _DIAG = fastnet.SockDiag()
-            _DIAG.sockets([1])  # (a dump the kernel must answer: else the fallback)
+            _DIAG = fastnet.SockDiag()  # (it checks that the kernel answers its dumps)
         except OSError as e:
-            _DIAG = None
-            _NFT.diag_why = str(e)
+            _DIAG, _DIAG_WHY = None, str(e)
     return _NFT, _DIAG
 
 
@@ -96,8 +95,7 @@ table inet %s {
         """Which implementation the teardown steps ran on (for the JSON)."""
         return {"filter": self.nft.how,
                 "sockets": (self.diag.how if self.diag is not None else
-                            "/proc/net/tcp{,6} scan (sock_diag: %s)"
-                            % getattr(self.nft, "diag_why", "?")),
+                            "/proc/net/tcp{,6} scan (sock_diag: %s)" % _DIAG_WHY),
                 "abort": dict(self.abort_how)}
 
     def _sockets(self, ports):

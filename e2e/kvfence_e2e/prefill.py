@@ -310,7 +310,6 @@ class Proc:
         self.lock = threading.Lock()  # guards engines / retired against submissions
         self.engines = {}  # transport generation -> (engine, session) of the decode
         self.retired = set()  # generations the decode tore down (RETIRE)
-        self.old_engines = []  # retired transports: kept (never destroyed while in use)
         self.spare = None  # a standby engine (ring registered), made in the background
         self.spare_cv = threading.Condition()
         self.warmed = {}  # session -> engine warmed to it (STANDBY), None while warming
@@ -435,10 +434,8 @@ class Proc:
         writer ids: forget it (its engine kept, never destroyed while it may be in use)."""
         g = m["gen"]
         with self.lock:
-            ent = self.engines.pop(g, None)
+            self.engines.pop(g, None)  # (the engine itself stays in _ENGINES)
             self.retired.add(g)
-        if ent is not None:
-            self.old_engines.append(ent)
         for r in self.ranks.values():
             r.retire(g)
 
