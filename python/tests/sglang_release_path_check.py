@@ -26,6 +26,7 @@ for n in (1, 10, 300):
         b.decode_lifecycle(n, on)
 gate = b._decode_mgrs[True].__dict__["_kvfence_gate"]
 assert not gate.records and not gate.decided and not gate.room_handle, gate
+assert not gate.aborted and not gate.decided_records, gate
 
 # SGLang clears the held list in place (release_memory_occupation) and holds new entries
 # whose deadlines have passed: the wrapper must see them as new (no timed release).
@@ -108,11 +109,18 @@ mgr.note_abort_ack(4242, 0, h + 1)  # a generation kvfence does not hold: SGLang
 assert gate.ignored_acks == ignored + 2 and h in gate.records
 mgr.note_abort_ack(4242, 0, None)  # no generation: SGLang's own, not counted
 assert gate.ignored_acks == ignored + 2 and h in gate.records
+# Another room's ACK whose SGLang-armed generation equals this room's handle (the
+# generation counter is shared): SGLang's own, never a quiesce of this room.
+mgr.note_abort_ack(4243, 0, h)
+gate.drain()
+assert h in gate.records and h not in gate.decided, "another room's ACK quiesced this one"
+assert gate.ignored_acks == ignored + 3
 mgr.note_abort_ack(4242, 0, h)  # the writer's ACK: quiesce -> released
 gate.drain()
 assert gate.decided.get(h) == "aborted", gate.decided
-assert gate.ignored_acks == ignored + 2
+assert gate.ignored_acks == ignored + 3
 gate.decided.pop(h)
+gate.aborted.pop(h)
 gate.decided_records.pop(h)
 gate.room_handle.pop(4242)
 print("release path OK")

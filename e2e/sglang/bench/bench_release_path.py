@@ -25,6 +25,13 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 each), per released request
 * ``lifecycle`` open + abort + pop + scan_first + ack + release: one aborted request's
                 whole cost in the release path, the per-iteration scans not included
+* ``success_clear`` the normal path (the transfer succeeded): ``receiver.clear()`` with
+                the room's status Success, which SGLang's ``pop_transferred`` calls
+                through ``_commit_transfer_to_req`` (kvfence adds ``finish`` there, and
+                ``open`` above at ``send_metadata``); per request
+* ``idle_scan`` ``resolve_deferred_releases()`` with nothing held and N rooms open (every
+                scheduler iteration without an aborted request); per call, not per
+                request
 
 Prefill: ``MooncakeKVManager.transfer_worker`` (the real loop) on a real prefill manager
 whose Mooncake engine is replaced by one that completes every write at once, draining a
@@ -210,6 +217,56 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     return out
 
 
+def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
+    """The normal path: N rooms open (kvfence) whose transfers succeeded; one idle
+    scheduler iteration (nothing held), then each receiver's ``clear()``."""
+    gc.collect(1)
+    mgr = decode_manager(kvfence_on)
+    mgr.request_status = {}
+    mgr.required_prefill_response_num_table = {}
+    mgr.prefill_response_tracker = {}
+    mgr.addr_to_rooms_tracker = {"127.0.0.1:8998": set()}
+    mgr.defer_decode_allocation = False
+    info = SimpleNamespace(pp_size=1, attn_cp_size=1)
+    q = dec.DecodeTransferQueue.__new__(dec.DecodeTransferQueue)
+    q._deferred_releases = []
+    q.gloo_group = None
+    receivers = []
+    for i in range(n):
+        room = 3_000_000 + i
+        r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
+        r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = mgr, room, "127.0.0.1:8998"
+        r.prefill_info, r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = info, [0], [0], [0]
+        r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
+        r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
+        r._abort_generation, r._owns_bootstrap_room = None, True
+        mgr.request_status[room] = KVPoll.Success
+        mgr.addr_to_rooms_tracker["127.0.0.1:8998"].add(room)
+        receivers.append(r)
+    gate = mgr.__dict__.get("_kvfence_gate")
+    pages = np.arange(16, dtype=np.int32)
+    if gate is not None:
+        for r in receivers:
+            gate.open_room(r, pages, 0, None)
+    t: Dict[str, float] = {}
+    calls = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        q.resolve_deferred_releases()
+        calls.append(time.perf_counter() - t0)
+    t["idle_scan"] = statistics.median(calls)
+    t0 = time.perf_counter()
+    for r in receivers:
+        r.clear()
+    t["success_clear"] = (time.perf_counter() - t0) / n
+    assert not mgr.request_status and all(r.conclude_state == KVPoll.Success for r in receivers)
+    if gate is not None:
+        # Every room finished (released, reason "finished"): nothing left open or held.
+        gate.drain()
+        assert not gate.records and not gate.room_handle and not gate.decided, gate
+    return t
+
+
 class _FakeEngine:
     def batch_transfer_sync(self, session_id: str, srcs: Any, dsts: Any, lens: Any) -> int:
         return 0
@@ -310,7 +367,7 @@ def main() -> int:
     ks.install()  # attach the prefill gate when the manager is built, then toggle
     prefill_manager()
     phases = ["open", "abort", "pop", "scan_first", "scan", "ack", "trickle", "release",
-              "lifecycle", "prefill_chunk"]
+              "lifecycle", "success_clear", "idle_scan", "prefill_chunk"]
     raw: Dict[int, Dict[str, Dict[str, List[float]]]] = {
         n: {rule: {p: [] for p in phases} for rule in ("stock", "kvfence")} for n in sizes}
     for rnd in range(args.rounds):
@@ -322,6 +379,8 @@ def main() -> int:
                 acc: Dict[str, List[float]] = {p: [] for p in phases}
                 for _ in range(reps):
                     for k, v in decode_lifecycle(n, rule == "kvfence").items():
+                        acc[k].append(v)
+                    for k, v in decode_success(n, rule == "kvfence").items():
                         acc[k].append(v)
                     acc["prefill_chunk"].append(prefill_chunks(n, 2, rule == "kvfence"))
                 for p in phases:

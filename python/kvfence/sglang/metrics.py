@@ -38,12 +38,15 @@ def values() -> Dict[str, float]:
         ["held_rooms", "held_pages", "overdue_rooms", "fenced_ranks", "quarantined_rooms",
          "quarantined_pages", "refused_chunks", "failed_writes"], 0.0)
     for g in list(_state.decode_gates):
-        for rec in list(g.records.values()) + list(g.decided_records.values()):
-            if rec.aborted_at is None:
+        # The aborted rooms whose pages are not freed yet (open, or released by kvfence
+        # and waiting for SGLang's next scan to free them).
+        for h, aborted_at in list(g.aborted.items()):
+            rec = g.records.get(h) or g.decided_records.get(h)
+            if rec is None:
                 continue
             v["held_rooms"] += 1
             v["held_pages"] += rec.held_pages
-            if now - rec.aborted_at >= overdue_after:
+            if now - aborted_at >= overdue_after:
                 v["overdue_rooms"] += 1
         v["fenced_ranks"] += g.fenced_ranks
         v["quarantined_rooms"] += g.quarantined_rooms
