@@ -108,6 +108,28 @@ def decode_manager(kvfence_on: bool) -> Any:
     return mgr
 
 
+def _median_call(f: Any, k: int) -> float:
+    """The median time of ``k`` calls of ``f()``."""
+    times = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _receiver(mgr: Any, room: int, info: Any) -> Any:
+    """A receiver whose destinations were published (one prefill rank), built with
+    ``__new__`` as SGLang's own unit tests do."""
+    r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
+    r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = mgr, room, "127.0.0.1:8998"
+    r.prefill_info, r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = info, [0], [0], [0]
+    r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
+    r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
+    r._abort_generation, r._owns_bootstrap_room = None, True
+    return r
+
+
 def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     # The previous lifecycle's young garbage is collected here, not inside a timed phase.
     gc.collect(1)
@@ -147,12 +169,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     reqs = []
     for i in range(n):
         room = 1_000_000 + i
-        r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
-        r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = mgr, room, "127.0.0.1:8998"
-        r.prefill_info, r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = info, [0], [0], [0]
-        r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
-        r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
-        r._abort_generation, r._owns_bootstrap_room = None, True
+        r = _receiver(mgr, room, info)
         r._connect_to_bootstrap_server = lambda bi, _s=sock: _s
         mgr.request_status[room] = KVPoll.WaitingForInput
         reqs.append(dec.DecodeRequest(
@@ -181,12 +198,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     t0 = time.perf_counter()
     q.resolve_deferred_releases()
     t["scan_first"] = time.perf_counter() - t0
-    steady = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        q.resolve_deferred_releases()
-        steady.append(time.perf_counter() - t0)
-    t["scan"] = statistics.median(steady)
+    t["scan"] = _median_call(q.resolve_deferred_releases, 3)
     assert len(q._deferred_releases) == n
     msgs = [AbortAck(r.bootstrap_room, 0, r._abort_generation).to_zmq() for r in receivers]
     k = max(1, n // 100)
@@ -234,12 +246,7 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
     receivers = []
     for i in range(n):
         room = 3_000_000 + i
-        r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
-        r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = mgr, room, "127.0.0.1:8998"
-        r.prefill_info, r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = info, [0], [0], [0]
-        r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
-        r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
-        r._abort_generation, r._owns_bootstrap_room = None, True
+        r = _receiver(mgr, room, info)
         mgr.request_status[room] = KVPoll.Success
         mgr.addr_to_rooms_tracker["127.0.0.1:8998"].add(room)
         receivers.append(r)
@@ -249,12 +256,7 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
         for r in receivers:
             gate.open_room(r, pages, 0, None)
     t: Dict[str, float] = {}
-    calls = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        q.resolve_deferred_releases()
-        calls.append(time.perf_counter() - t0)
-    t["idle_scan"] = statistics.median(calls)
+    t["idle_scan"] = _median_call(q.resolve_deferred_releases, 5)
     t0 = time.perf_counter()
     for r in receivers:
         r.clear()
