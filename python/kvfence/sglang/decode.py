@@ -379,7 +379,7 @@ def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
         if gate is not None and generation is not None:
             # DecodeGate.ack, inline (one Python frame less per ACK).
             rec = gate.records.get(generation)
-            if rec is not None and rec[0] == bootstrap_room:
+            if rec is not None and rec.room == bootstrap_room:
                 # A live kvfence room (the handle *and* the room match: another room's
                 # SGLang-armed generation may equal a handle): quiesce replaces SGLang's
                 # ACK set. The room's own mapping: the instance may have been retired since.
