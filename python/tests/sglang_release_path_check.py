@@ -24,7 +24,7 @@ ks.install()
 for n in (1, 10, 300):
     for on in (False, True):
         b.decode_lifecycle(n, on)
-gate = b._decode_mgrs[True].__dict__["_kvfence_gate"]
+gate = getattr(b._decode_mgrs[True], "_kvfence_gate")
 assert not gate.records and not gate.decided and not gate.room_handle, gate
 assert not gate.aborted and not gate.decided_records, gate
 
@@ -93,7 +93,7 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 
 mgr = b._decode_mgrs[True]
-gate = mgr.__dict__["_kvfence_gate"]
+gate = getattr(mgr, "_kvfence_gate")
 recv = SimpleNamespace(bootstrap_addr="127.0.0.1:8997", kv_mgr=mgr, bootstrap_room=4242,
                        prefill_info=SimpleNamespace(pp_size=1, attn_cp_size=1),
                        target_cp_ranks=[0], target_tp_ranks=[0], target_pp_ranks=[0],

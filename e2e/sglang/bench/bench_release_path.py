@@ -178,7 +178,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
             kv_receiver=r, metadata_buffer_index=i % 64))
     pages = np.arange(16, dtype=np.int32)
     t: Dict[str, float] = {}
-    gate = mgr.__dict__.get("_kvfence_gate")
+    gate = getattr(mgr, "_kvfence_gate", None)
     t0 = time.perf_counter()
     if gate is not None:
         for d in reqs:
@@ -250,7 +250,7 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
         mgr.request_status[room] = KVPoll.Success
         mgr.addr_to_rooms_tracker["127.0.0.1:8998"].add(room)
         receivers.append(r)
-    gate = mgr.__dict__.get("_kvfence_gate")
+    gate = getattr(mgr, "_kvfence_gate", None)
     pages = np.arange(16, dtype=np.int32)
     if gate is not None:
         for r in receivers:
@@ -317,7 +317,7 @@ def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
     from kvfence.sglang import prefill as kpre
 
     mgr = prefill_manager()
-    gate = mgr.__dict__.get("_kvfence_gate")
+    gate = getattr(mgr, "_kvfence_gate", None)
     session = "127.0.0.1:1"
     mgr.decode_kv_args_table[session] = SimpleNamespace(
         requires_dcp_relayout=False, dst_kv_ptrs=list(mgr.kv_args.kv_data_ptrs),
