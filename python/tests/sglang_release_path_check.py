@@ -86,9 +86,9 @@ for _ in range(3):
 assert not released, "released on a deadline after an in-place clear: %r" % released
 assert all(e[2] == math.inf for e in q._deferred_releases), q._deferred_releases
 
-# The ABORT_ACK wrapper (note_abort_ack, DecodeGate.ack inline): an ACK from a rank that
-# is not the room's writer, or for a generation kvfence does not hold, is ignored and
-# counted; the writer's ACK quiesces the aborted room, which is then released.
+# The ABORT_ACK wrapper (note_abort_ack): an ACK from a rank that is not the room's
+# writer, or for a generation kvfence does not hold, is ignored and counted; the writer's
+# ACK quiesces the aborted room, which is then released.
 from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -100,7 +100,10 @@ recv = SimpleNamespace(bootstrap_addr="127.0.0.1:8997", kv_mgr=mgr, bootstrap_ro
                        bootstrap_infos=[{"rank_ip": "127.0.0.1", "rank_port": 7001}])
 h = gate.open_room(recv, np.arange(4, dtype=np.int32), None, None)
 assert h is not None
-gate.abort(h)
+# Aborted as the abort wrapper does it (the receiver here is not SGLang's, so the wrapper
+# cannot run): kvfence's abort, and the abort time the quarantine policy reads.
+gate.table.abort(h)
+gate.aborted[h] = time.monotonic()
 ignored = gate.ignored_acks
 mgr.note_abort_ack(4242, 7, h)  # not a writer of this room
 gate.drain()

@@ -155,15 +155,6 @@ class DecodeGate:
         receiver._kvfence_handle = h
         return h
 
-    def abort(self, h: int) -> None:
-        """``abort`` on the room (idempotent)."""
-        if h in self.records and h not in self.aborted:
-            self.aborted[h] = time.monotonic()
-        try:
-            self.table.abort(h)
-        except (kvfence.RoomClosed, kvfence.StaleHandle):
-            pass
-
     def finish(self, h: int) -> None:
         """A successful transfer: every writer rank reported Success, which it sends only
         after its last write (KV, metadata row, state) returned complete: that is each
@@ -218,35 +209,6 @@ class DecodeGate:
         logger.warning("kvfence: quarantined room %s (%d pages incl. metadata/state slots, "
                        "prefill %s): %s; these pages are never reused",
                        rec.room if rec else "?", pages, rec.addr if rec else "?", why)
-
-    def is_released(self, room: int) -> Optional[bool]:
-        """kvfence's decision for ``room`` (``None``: not a kvfence room)."""
-        h = self.room_handle.get(room)
-        if h is None:
-            return None
-        return h in self.decided
-
-    # -- decode_thread ---------------------------------------------------------------
-    def ack(self, room: int, prefill_rank: int, generation: Optional[int]) -> bool:
-        """An ABORT_ACK: ``quiesce`` on the handle it carries. Returns whether that handle
-        is a room this gate holds (then the ACK is kvfence's alone, counted or ignored)."""
-        if generation is None:
-            return False
-        rec = self.records.get(generation)
-        if rec is None:
-            # Not a live kvfence room (released, or another gate's): SGLang's own.
-            self.ignored_acks += 1
-            return False
-        # The room's own mapping: the instance may have been retired (heartbeat) since.
-        rank = rec.rank_of.get(prefill_rank)
-        if rank is None:
-            self.ignored_acks += 1
-            return True
-        try:
-            self.table.quiesce(generation, rank)
-        except kvfence.Error:
-            self.ignored_acks += 1
-        return True
 
     # -- heartbeat thread ------------------------------------------------------------
     def node_failed(self, addr: str) -> None:
@@ -351,11 +313,13 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _send_abort_notification(self: Any, *, force_arm: bool = False) -> Any:
         h = getattr(self, _HANDLE, None)
-        mgr = self.kv_mgr
-        gate = getattr(mgr, _KEY, None) if h is not None else None
-        if gate is None or h is None:
+        if h is None:
             return orig(self, force_arm=force_arm)
-        # DecodeGate.abort, inline (one Python frame less per aborted request).
+        mgr = self.kv_mgr
+        gate = getattr(mgr, _KEY, None)
+        if gate is None:
+            return orig(self, force_arm=force_arm)
+        # The room's abort time (once; the quarantine policy reads it), then kvfence's abort.
         aborted = gate.aborted
         if h not in aborted and h in gate.records:
             aborted[h] = _monotonic()
@@ -384,7 +348,7 @@ def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
                        generation: int) -> None:
         gate = getattr(self, _KEY, None)
         if gate is not None and generation is not None:
-            # DecodeGate.ack, inline (one Python frame less per ACK).
+            # ABORT_ACK = quiesce on the handle it carries.
             rec = gate.records.get(generation)
             if rec is not None and rec.room == bootstrap_room:
                 # A live kvfence room (the handle *and* the room match: another room's
