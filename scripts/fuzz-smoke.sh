@@ -9,7 +9,8 @@
 #    test-only mutation of the library (`kvfence_naive_release`: abort frees at once;
 #    `kvfence_skip_ack_gen_check`: ACKs ignore the generation;
 #    `kvfence_failed_counts_as_drained`: a failed transfer drops its hold;
-#    `kvfence_quarantine_frees_pages`: a quarantined room's pages go back) and requires the
+#    `kvfence_quarantine_frees_pages`: a quarantined room's pages go back;
+#    `kvfence_finish_drained_skips_writers`: a successful room waits for ACKs) and requires the
 #    comparison with the reference model to FAIL. Exits 1 if a mutated build passes (the
 #    tests could not see the bug). One build holds them all (`--cfg kvfence_mutants`, in
 #    `$CARGO_TARGET_DIR/mutants`), each run choosing its mutation with KVFENCE_MUTANT. The two concurrent
@@ -37,7 +38,8 @@ mutation_check() {
     # picks its own with KVFENCE_MUTANT (the target directory scripts/mutations.sh uses).
     local target="${CARGO_TARGET_DIR:-$ROOT/target}/mutants"
     for cfg in kvfence_naive_release kvfence_skip_ack_gen_check \
-        kvfence_failed_counts_as_drained kvfence_quarantine_frees_pages; do
+        kvfence_failed_counts_as_drained kvfence_quarantine_frees_pages \
+        kvfence_finish_drained_skips_writers; do
         echo "== mutation check: KVFENCE_MUTANT=$cfg must make tests/prop_ops.rs fail"
         local log
         log=$(mktemp)

@@ -17,6 +17,8 @@
 #   kvfence_quarantine_mark_first (issue 18, item 2) quarantine stores a separate mark
 #                                 before its close: a refused quarantine still makes the
 #                                 release say Quarantined.
+#   kvfence_finish_drained_skips_writers  finish_drained finishes without quiescing the
+#                                 writers: a successful room waits for ACKs that never come.
 # (The mutations the loom models and the property test catch are checked by
 # loom-tests/run.sh and scripts/fuzz-smoke.sh --mutations.)
 #
@@ -66,6 +68,7 @@ check kvfence_moving_fenced_set failed_transfer_to_a_rank_that_stayed_fenced \
     "registered instead of dropping its hold"
 check kvfence_quarantine_mark_first quarantine_vs_last_completion \
     "refused (StaleHandle), yet"
+check kvfence_finish_drained_skips_writers finish_drained_vs_fence "released 0 times"
 
 [ "$status" -eq 0 ] && echo "ok: every mutation is caught"
 exit "$status"

@@ -137,6 +137,7 @@ expect_caught kvfence_racy_queue_pop release_queue release_queue_two_drainers
 expect_caught kvfence_failed_counts_as_drained failed_transfer failed_transfer_vs_fence
 expect_caught kvfence_moving_fenced_set fenced_set fail_vs_readmit_and_fence_of_other_ranks
 expect_caught kvfence_quarantine_mark_first quarantine quarantine_vs_last_completion
+expect_caught kvfence_finish_drained_skips_writers scanners finish_drained_vs_fence
 
 # --- summary ----------------------------------------------------------------------------
 echo

@@ -94,8 +94,21 @@ impl RoomTable {
     /// Drops a hold of `kind` the caller owns; returns the release if it was the last.
     #[inline]
     pub(crate) fn drop_hold(&self, index: usize, gen: u32, kind: Hold) -> Option<Released> {
+        self.drop_hold_to(index, gen, kind, self.config.release_queue)
+    }
+
+    /// [`drop_hold`](Self::drop_hold), delivering a release it performs as `queue` says
+    /// (not as the table is configured).
+    #[inline]
+    pub(crate) fn drop_hold_to(
+        &self,
+        index: usize,
+        gen: u32,
+        kind: Hold,
+        queue: bool,
+    ) -> Option<Released> {
         match self.slots[index].0.word.drop_hold(gen, kind) {
-            Ok(Step::Released(reason)) => self.release(index, gen, reason),
+            Ok(Step::Released(reason)) => self.release_to(index, gen, reason, queue),
             Ok(Step::Held) => None,
             // Unreachable for a real hold: a held room cannot be released under it. (Only
             // the test-only `kvfence_naive_release` mutation gets here.)
@@ -142,6 +155,26 @@ impl RoomTable {
         for pos in positions {
             if let Ok(Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
                 out = Some(r);
+            }
+        }
+        out
+    }
+
+    /// Clears every writer still pending in lifecycle `gen` of room `index`, each having
+    /// reported its last write complete (`finish_drained`); a release one of those clears
+    /// performs is returned, never queued (the caller acts on it).
+    pub(crate) fn clear_writers_direct(&self, index: usize, gen: u32) -> Option<Released> {
+        let slot = &self.slots[index].0;
+        // Read without a lock, as `give_up_writers` does: a clear of another lifecycle's
+        // list is refused (`Err`), so a list that moved on is left alone.
+        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
+            slot.writers.pending_positions(gen).collect();
+        let mut out = None;
+        for pos in positions {
+            if let Ok(Cleared::LastOfWord) = slot.writers.clear(gen, pos) {
+                if let Ok(Step::Released(reason)) = slot.word.drop_hold(gen, Hold::Writers) {
+                    out = self.release_to(index, gen, reason, false);
+                }
             }
         }
         out

@@ -9,7 +9,11 @@
 //! is one CAS of the room word (`room_word.rs`); a close that leaves the room held takes
 //! the stamp hold, stores the closing time and drops it. `quiesce` clears the rank's mask
 //! bit (`writers.rs`); the steps that may decide a release are in `release.rs`. Who writes
-//! which piece of a room's state is in `state.rs`.
+//! which piece of a room's state is in `state.rs`. `finish_drained` is the same close CAS
+//! followed by the clears `quiesce` would make for every pending writer, each a mask RMW
+//! that a racing `fence_rank` may win instead (ours then finds the bit clear: a duplicate),
+//! with the release returned to the caller instead of queued; a release someone else
+//! decides meanwhile goes where the table is configured to put it.
 
 use crate::counters::Event;
 use crate::error::Error;
@@ -491,18 +495,65 @@ impl RoomTable {
         self.close(handle, Phase::Draining)
     }
 
+    /// The normal end of a request whose every writer rank reported its last write
+    /// complete (a successful transfer): [`finish`](Self::finish), then
+    /// [`quiesce`](Self::quiesce) of every writer still pending, in one call. A release
+    /// this call performs is **returned, even with
+    /// [`Config::release_queue`](crate::Config::release_queue)**: the caller is the one to
+    /// act on it, and a scheduler need not drain its own successes. If a transfer still
+    /// holds the room, the room is released when it ends, as the table is configured.
+    ///
+    /// Only for rooms whose writers all reported success: on any other room it is a false
+    /// ACK of each of them.
+    ///
+    /// # Errors
+    /// As [`finish`](Self::finish) (nothing is quiesced then).
+    ///
+    /// ```
+    /// use kvfence::{Config, RoomTable};
+    /// let table = RoomTable::new(Config::gate(8).release_queue(true))?;
+    /// let h = table.open_gate(&[0, 1], 7, vec![])?;
+    /// let released = table.finish_drained(h)?.expect("released at once");
+    /// assert_eq!((released.token, table.queued_releases()), (7, 0));   // not queued
+    /// assert!(table.finish_drained(h).is_err());                        // stale now
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn finish_drained(&self, handle: RoomHandle) -> Result<Option<Released>, Error> {
+        let out = self.close_to(handle, Phase::Draining, false)?;
+        if out.is_some() {
+            return Ok(out);
+        }
+        // MUTATION (test-only): finish without quiescing the writers (the room waits for
+        // ACKs that a successful transfer never sends).
+        if mutant!(kvfence_finish_drained_skips_writers) {
+            return Ok(None);
+        }
+        Ok(self.clear_writers_direct(handle.index(), handle.generation()))
+    }
+
     #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
     fn close(&self, handle: RoomHandle, to: Phase) -> Result<Option<Released>, Error> {
+        self.close_to(handle, to, self.config.release_queue)
+    }
+
+    /// [`close`](Self::close), delivering a release it performs as `queue` says.
+    #[inline]
+    fn close_to(
+        &self,
+        handle: RoomHandle,
+        to: Phase,
+        queue: bool,
+    ) -> Result<Option<Released>, Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
         let index = handle.index();
         match slot.word.close(gen, to) {
-            Ok(Closed::Released(reason)) => Ok(self.release(index, gen, reason)),
+            Ok(Closed::Released(reason)) => Ok(self.release_to(index, gen, reason, queue)),
             Ok(Closed::Stamp) => {
                 // We hold the stamp hold: the room cannot be released (and reopened) before
                 // we drop it, so the time lands in this lifecycle. The drop may release it.
                 self.stamp_closed(index);
-                Ok(self.drop_hold(index, gen, Hold::Stamp))
+                Ok(self.drop_hold_to(index, gen, Hold::Stamp, queue))
             }
             // An abort of a draining room keeps the time it began closing.
             Ok(Closed::Held) => Ok(None),

@@ -526,3 +526,51 @@ fn abort_waits_for_the_native_worker_before_it_acks() {
     assert_eq!(the_one(e.tick()).token, 91);
     e.assert_settled();
 }
+
+/// `finish_drained`: a successful transfer's end in one call. With a release queue the
+/// release is still returned (the caller acts on it), not queued.
+#[test]
+fn finish_drained_releases_at_once_and_bypasses_the_queue() {
+    let t = RoomTable::new(Config::gate(4).release_queue(true)).unwrap();
+    let h = t.open_gate(&[3, 5, 9], 42, vec![7, 8]).unwrap();
+    assert_eq!(t.quiesce(h, 5).unwrap(), Quiesced::Recorded); // one writer already said so
+    let r = t.finish_drained(h).unwrap().expect("released by this call");
+    assert_eq!((r.handle, r.token, r.reason), (h, 42, Reason::Finished));
+    assert_eq!(r.pages, vec![7, 8]);
+    assert_eq!(t.queued_releases(), 0, "the release was also queued");
+    assert!(matches!(t.finish_drained(h), Err(Error::StaleHandle)));
+    assert!(matches!(t.quiesce(h, 3), Err(Error::StaleHandle)));
+}
+
+/// A transfer still holding the room: `finish_drained` quiesces and finishes, and the
+/// transfer's end releases it (queued, as the table is configured).
+#[test]
+fn finish_drained_under_a_transfer_releases_when_it_ends() {
+    let t = RoomTable::new(Config::gate(4).release_queue(true)).unwrap();
+    let h = t.open_gate(&[0], 1, vec![]).unwrap();
+    let guard = t.begin_transfer(h).unwrap();
+    assert!(t.finish_drained(h).unwrap().is_none());
+    assert_eq!(t.phase(h).unwrap(), Phase::Draining);
+    assert!(guard.complete().is_none());
+    let mut out = Vec::new();
+    t.drain_released(&mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].handle, out[0].reason), (h, Reason::Finished));
+}
+
+/// An aborted (or finished) room is refused and nothing is quiesced: an abort's release
+/// still waits for its writers' ACKs.
+#[test]
+fn finish_drained_refuses_a_closed_room_and_quiesces_nothing() {
+    let t = RoomTable::new(Config::gate(4)).unwrap();
+    let h = t.open_gate(&[0, 1], 1, vec![]).unwrap();
+    let _ = t.abort(h).unwrap();
+    assert!(matches!(t.finish_drained(h), Err(Error::AlreadyAborted)));
+    assert_eq!(t.phase(h).unwrap(), Phase::Aborting);
+    assert_eq!(t.quiesce(h, 0).unwrap(), Quiesced::Recorded);
+    assert!(matches!(t.quiesce(h, 1).unwrap(), Quiesced::Released(_)));
+    let g = t.open_gate(&[0], 2, vec![]).unwrap();
+    assert!(t.finish(g).unwrap().is_none());
+    assert!(matches!(t.finish_drained(g), Err(Error::AlreadyFinished)));
+    assert_eq!(t.phase(g).unwrap(), Phase::Draining);
+}

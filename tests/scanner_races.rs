@@ -683,3 +683,59 @@ fn quarantine_vs_last_completion_is_decided_by_one_step() {
     );
     report("quarantine_vs_last_completion", hits, runs);
 }
+
+/// `finish_drained` (the scheduler: a successful transfer) racing `fence_rank` of one of
+/// the room's writers (the heartbeat thread): both clear writer bits of the same room, and
+/// exactly one release comes out, delivered once: returned by `finish_drained`, or queued
+/// by the fence (a gate table with a release queue, as SGLang's). Fails under
+/// `--cfg kvfence_finish_drained_skips_writers` with "released 0 times".
+#[test]
+fn finish_drained_vs_fence_releases_each_room_exactly_once() {
+    const ROOMS: usize = 512;
+    let t = RoomTable::new(Config::gate(ROOMS).release_queue(true)).unwrap();
+    let runs = 400 * scale();
+    let (mut hits, mut by_fence) = (0usize, 0usize);
+    for run in 0..runs {
+        let handles: Vec<RoomHandle> = (0..ROOMS)
+            .map(|k| t.open_gate(&[0, 1], k as u64, vec![]).unwrap())
+            .collect();
+        let start = Barrier::new(2);
+        // The scheduler finishes the rooms from the last index down while the fence scans
+        // up: they meet somewhere in the table.
+        let ((direct, f), (fenced, g)) = std::thread::scope(|s| {
+            let fencer = s.spawn(|| {
+                start.wait();
+                clocked(|| t.fence_rank(1).unwrap())
+            });
+            start.wait();
+            let finished = clocked(|| {
+                handles
+                    .iter()
+                    .rev()
+                    .map(|&h| t.finish_drained(h).unwrap())
+                    .collect::<Vec<_>>()
+            });
+            (finished, fencer.join().unwrap())
+        });
+        hits += usize::from(f.0 < g.1 && g.0 < f.1);
+        let mut count: HashMap<RoomHandle, usize> = HashMap::new();
+        for r in direct.into_iter().flatten() {
+            assert_eq!(r.reason, Reason::Finished);
+            *count.entry(r.handle).or_default() += 1;
+        }
+        let mut queued = Vec::new();
+        t.drain_released(&mut queued);
+        assert_eq!(queued.len(), fenced.queued, "run {run}: the fence's count");
+        by_fence += queued.len();
+        for r in queued {
+            *count.entry(r.handle).or_default() += 1;
+        }
+        for h in &handles {
+            let n = count.get(h).copied().unwrap_or(0);
+            assert!(n == 1, "run {run}: room {h:?} released {n} times");
+        }
+        assert!(t.readmit_rank(1).unwrap());
+    }
+    println!("scanner-race finish_drained_vs_fence: the fence released {by_fence} rooms");
+    report("finish_drained_vs_fence", hits, runs);
+}

@@ -367,6 +367,9 @@ class Table {
     }
 
     Result<Release> finish(Handle h) { return released(kvfence_finish, h); }
+    /// A successful transfer's end: finish and quiesce every writer in one call; the
+    /// release comes back here even from a release-queue table (kvfence_finish_drained).
+    Result<Release> finish_drained(Handle h) { return released(kvfence_finish_drained, h); }
     Result<Release> quarantine(Handle h) { return released(kvfence_quarantine, h); }
 
     Result<Fenced> fence_rank(uint32_t rank) {

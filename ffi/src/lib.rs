@@ -1649,6 +1649,34 @@ pub unsafe extern "C" fn kvfence_finish(
     })
 }
 
+/// The normal end of a request whose every writer rank reported its last write complete
+/// (a successful transfer): `kvfence_finish`, then `kvfence_quiesce` of every writer still
+/// pending, in one call. A release this call performs goes to `*release` **even in a
+/// `release_queue` table** (the caller acts on it: a scheduler need not drain its own
+/// successes); if a transfer still holds the room, its end releases it as the table is
+/// configured. Only for rooms whose writers all reported success: on any other room it is
+/// a false ACK of each of them. Thread-safe, lock-free.
+///
+/// Errors: as `kvfence_finish` (nothing is quiesced then).
+///
+/// # Safety
+/// `table` live; `release` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn kvfence_finish_drained(
+    table: *const kvfence_table,
+    handle: kvfence_handle,
+    release: *mut kvfence_release,
+) -> kvfence_status {
+    call(|| {
+        // SAFETY: a live table by contract.
+        let t = unsafe { self::table(table) }?;
+        check(release)?;
+        let r = t.inner.finish_drained(handle_of(handle))?;
+        kvfence_table::deliver(release, r);
+        Ok(())
+    })
+}
+
 /// Ends a room that can never be proven drained (a failed transfer whose peer's transport
 /// cannot be torn down): gives up on its pending writers and failed transfers. The room
 /// index returns to service once local transfers end; its pages NEVER do (the release says

@@ -509,6 +509,45 @@ static void queue_and_overflow(void) {
     kvfence_table_free(t);
 }
 
+/* kvfence_finish_drained: a successful transfer's end in one call; the release comes
+ * back to the caller even from a release-queue table, and an aborted room is refused with
+ * nothing quiesced. */
+static void finish_drained(void) {
+    kvfence_config cfg = kvfence_config_gate(4);
+    cfg.release_queue = 1;
+    kvfence_table *t = make(cfg);
+    uint32_t w[] = {3, 5};
+    uint32_t pg[] = {7, 8};
+    kvfence_handle h, g;
+    kvfence_release r;
+    size_t queued;
+    OK(kvfence_open_gate(t, w, 2, 42, pg, 2, &h));
+    OK(kvfence_finish_drained(t, h, &r));
+    CHECK(r.reason == KVFENCE_REASON_FINISHED && r.token == 42 && r.pages_len == 2);
+    CHECK(kvfence_handle_eq(r.handle, h) && r.pages[0] == 7 && r.pages[1] == 8);
+    OK(kvfence_release_free(&r));
+    OK(kvfence_queued_releases(t, &queued));
+    CHECK(queued == 0); /* returned, not queued */
+    EXPECT(kvfence_finish_drained(t, h, &r), KVFENCE_STALE_HANDLE);
+    EXPECT(kvfence_finish_drained(t, h, NULL), KVFENCE_NULL_POINTER);
+    EXPECT(kvfence_finish_drained(NULL, h, &r), KVFENCE_NULL_POINTER);
+
+    OK(kvfence_open_gate(t, w, 2, 43, pg, 2, &g));
+    uint32_t fanout[KVFENCE_MAX_WRITERS];
+    size_t nf;
+    OK(kvfence_abort(t, g, fanout, KVFENCE_MAX_WRITERS, &nf, &r));
+    CHECK(nf == 2 && r.reason == KVFENCE_REASON_NONE);
+    EXPECT(kvfence_finish_drained(t, g, &r), KVFENCE_ALREADY_ABORTED);
+    kvfence_quiesced q;
+    OK(kvfence_quiesce(t, g, 3, &q, &r));
+    CHECK(q == KVFENCE_QUIESCE_RECORDED); /* rank 3 still pending: nothing was quiesced */
+    OK(kvfence_quiesce(t, g, 5, &q, &r));
+    CHECK(q == KVFENCE_QUIESCE_QUEUED);
+    OK(kvfence_queued_releases(t, &queued));
+    CHECK(queued == 1);
+    kvfence_table_free(t);
+}
+
 int main(void) {
     statuses_versions_errors();
     handles();
@@ -517,5 +556,6 @@ int main(void) {
     pool_mode();
     gate_mode_transfers();
     queue_and_overflow();
+    finish_drained();
     return check_report("test_api");
 }

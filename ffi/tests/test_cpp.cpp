@@ -102,6 +102,13 @@ static void guard_destructor_fails_the_transfer() {
     CHECK(t.drain_released(out) == 1 && out[0].token() == 6);
     CHECK(t.readmit_rank(4).value());
 
+    // finish_drained(): a successful transfer's end; the release comes back from the call.
+    const uint32_t writers[] = {2, 3};
+    h = t.open_gate(writers, 2, 9, pages, 2).value();
+    kvfence::Release done = t.finish_drained(h).value();
+    CHECK(done.token() == 9 && done.reason() == KVFENCE_REASON_FINISHED);
+    CHECK(t.finish_drained(h).status() == KVFENCE_STALE_HANDLE);
+
     // complete(): the release comes back from the call; a second end is refused.
     h = t.open_gate(nullptr, 0, 7, pages, 2).value();
     kvfence::TransferGuard g = t.begin(h).value();

@@ -125,6 +125,9 @@ class RoomTable:
         aborting)."""
     def finish(self, h: int) -> None:
         """Finishes the request normally."""
+    def finish_drained(self, h: int) -> bool:
+        """A successful transfer's end: ``finish`` and ``quiesce`` of every writer in one
+        call; ``True`` if this call released the room (not queued, nothing to act on)."""
     def quiesce(self, h: int, rank: int) -> _QuiesceResult:
         """Records ``rank``'s ACK."""
     def fence_rank(self, rank: int) -> int:

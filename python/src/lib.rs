@@ -1002,6 +1002,28 @@ impl PyRoomTable {
         Ok(())
     }
 
+    /// The normal end of a request whose every writer rank reported its last write
+    /// complete (a successful transfer): ``finish``, then ``quiesce`` of every writer still
+    /// pending, in one call. Returns ``True`` if this call released the room (reason
+    /// ``"finished"``): that release is **not queued**, even with ``release_queue=True``,
+    /// and nothing is left to act on (a finished room's pages stay with the request; in
+    /// pool mode they are back in the pool). ``False`` if a transfer still holds the room:
+    /// its end releases it, and ``drain_released()`` delivers that (as it delivers a
+    /// release this call made with another reason, a racing ``quarantine``'s). Only for
+    /// rooms whose writers all reported success: on any other room it is a false ACK of
+    /// each of them.
+    ///
+    /// Raises as ``finish`` (nothing is quiesced then).
+    fn finish_drained(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match self.table().finish_drained(self.handle(h)?).py(py)? {
+            Some(r) if r.reason == Reason::Finished => Ok(true),
+            other => {
+                self.inner.keep(other);
+                Ok(false)
+            }
+        }
+    }
+
     /// Records writer ``rank``'s ACK: it will write no more to this room (it drained its
     /// queue and in-flight writes). Returns:
     ///

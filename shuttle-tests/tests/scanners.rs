@@ -1,14 +1,15 @@
 //! (e) The scanners racing lifecycles: `wait_released` vs the release (no lost wake-up, the
 //! pages are back when it returns), `wait_idle` vs releases of several rooms, `stats` vs
 //! lifecycles on the same rooms (each reported room consistent with one lifecycle), and
-//! `fence_rank` vs `open` (the store-buffer pair).
+//! `fence_rank` vs `open` (the store-buffer pair), and `fence_rank` vs `finish_drained`
+//! (both clear the same room's writer bits: one release, delivered once).
 //!
 //! A lost wake-up is a shuttle deadlock (every thread blocked): shuttle fails the test.
 #![cfg(shuttle)]
 
 mod common;
 
-use common::{life, pool, Pages};
+use common::{gate, life, pool, Pages};
 use kvfence::{Error, Phase, Quiesced, RoomHandle};
 use shuttle::sync::atomic::{AtomicBool, Ordering};
 use shuttle::sync::{Arc, Mutex};
@@ -225,4 +226,53 @@ fn fence_vs_open_model() {
 #[test]
 fn fence_vs_open() {
     common::check("fence_vs_open", 140000, 140000, 3, fence_vs_open_model);
+}
+
+/// `finish_drained` (the scheduler: a successful transfer of two writers) racing
+/// `fence_rank(1)` (the heartbeat thread), on a gate table with a release queue: the room
+/// is released exactly once, returned by `finish_drained` or queued by the fence, never
+/// both, never neither. A second room, owned by rank 1 only, gives the scan work around it.
+fn finish_drained_vs_fence_model() {
+    let t = gate(3, true);
+    let other = t.open_gate(&[1], 9, vec![]).unwrap();
+    let h = t.open_gate(&[0, 1], 7, vec![]).unwrap();
+    let fencer = {
+        let t = t.clone();
+        thread::spawn(move || t.fence_rank(1).unwrap())
+    };
+    let direct = t.finish_drained(h).unwrap();
+    let fenced = fencer.join().unwrap();
+    let mut queued = Vec::new();
+    t.drain_released(&mut queued);
+    assert_eq!(queued.len(), fenced.queued, "{fenced:?}");
+    let ours = direct
+        .iter()
+        .chain(queued.iter().filter(|r| r.handle == h))
+        .count();
+    assert_eq!(
+        ours, 1,
+        "the room was released {ours} times (direct {direct:?}, queued {queued:?})"
+    );
+    if let Some(r) = &direct {
+        assert_eq!((r.token, r.reason), (7, kvfence::Reason::Finished));
+    }
+    assert!(t.readmit_rank(1).unwrap());
+    // The other room: rank 1 was fenced in it too (it was live: quiesced, not released).
+    assert!(
+        t.finish(other).unwrap().is_none(),
+        "queued, as the table is configured"
+    );
+    t.drain_released(&mut queued);
+    common::assert_at_rest(&t, 3, None);
+}
+
+#[test]
+fn finish_drained_vs_fence() {
+    common::check(
+        "finish_drained_vs_fence",
+        140000,
+        140000,
+        3,
+        finish_drained_vs_fence_model,
+    );
 }

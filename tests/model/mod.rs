@@ -155,6 +155,8 @@ pub enum Op {
     Abort { room: u8 },
     /// `finish`.
     Finish { room: u8 },
+    /// `finish_drained`.
+    FinishDrained { room: u8 },
     /// `quarantine`.
     Quarantine { room: u8 },
     /// `fence_rank`: a failed transfer's peer, a writer of a live room, or any rank id.
@@ -222,7 +224,8 @@ impl<'a> Arbitrary<'a> for Op {
             },
             21 => Op::Drain { room: room(u)? },
             22 | 23 => Op::Abort { room: room(u)? },
-            24 => Op::Finish { room: room(u)? },
+            24 if u.arbitrary::<bool>()? => Op::Finish { room: room(u)? },
+            24 => Op::FinishDrained { room: room(u)? },
             25 => Op::Quarantine { room: room(u)? },
             26 => Op::Fence {
                 rank: u.arbitrary()?,
@@ -485,6 +488,11 @@ impl Model {
     /// Releases room `index` if it is closing and nothing holds it: delivered at once, or
     /// queued (release queue configured, or `force_queue`: no caller to return it to).
     fn decide(&mut self, index: usize, force_queue: bool) -> Decision {
+        self.decide_to(index, self.config.release_queue || force_queue)
+    }
+
+    /// [`decide`](Self::decide), queueing a release only if `queue`.
+    fn decide_to(&mut self, index: usize, queue: bool) -> Decision {
         let Some(room) = self.slots[index].live.as_ref() else {
             return Decision::Held;
         };
@@ -504,7 +512,7 @@ impl Model {
             pages: room.pages,
             reason,
         };
-        if self.config.release_queue || force_queue {
+        if queue {
             self.slots[index].queued = Some(released);
             Decision::Queued
         } else {
@@ -852,6 +860,22 @@ impl Model {
     /// `finish`.
     pub fn finish(&mut self, h: RoomHandle) -> Result<Option<Released>, Error> {
         Ok(self.close(h, Phase::Draining)?.delivered())
+    }
+
+    /// `finish_drained`: `finish`, every writer quiesced, and a release of this call
+    /// returned even with a release queue.
+    pub fn finish_drained(&mut self, h: RoomHandle) -> Result<Option<Released>, Error> {
+        let Some(index) = self.resolve(h)? else {
+            return self.stale_err();
+        };
+        let room = self.room(index);
+        match room.phase {
+            Phase::Aborting => return Err(Error::AlreadyAborted),
+            Phase::Draining => return Err(Error::AlreadyFinished),
+            _ => room.phase = Phase::Draining,
+        }
+        room.pending.iter_mut().for_each(|p| *p = false);
+        Ok(self.decide_to(index, false).delivered())
     }
 
     /// `quarantine`.
@@ -1629,6 +1653,11 @@ impl<'t> Harness<'t> {
                 let h = self.pick(room);
                 let lib = self.table.finish(h);
                 self.same_result("finish", lib, |m| m.finish(h))
+            }
+            Op::FinishDrained { room } => {
+                let h = self.pick(room);
+                let lib = self.table.finish_drained(h);
+                self.same_result("finish_drained", lib, |m| m.finish_drained(h))
             }
             Op::Quarantine { room } => self.quarantine(self.pick(room)),
             Op::Fence { rank } => {

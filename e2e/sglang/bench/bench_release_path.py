@@ -29,6 +29,11 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 the room's status Success, which SGLang's ``pop_transferred`` calls
                 through ``_commit_transfer_to_req`` (kvfence adds ``finish`` there, and
                 ``open`` above at ``send_metadata``); per request
+* ``success_drain`` the scheduler iteration after those clears:
+                ``resolve_deferred_releases()`` with nothing held, where kvfence takes
+                whatever the finished rooms left to drain; per request
+* ``success``   open + success_clear + success_drain: a successful request's whole cost
+                in the release path (stock: its clear and that iteration)
 * ``idle_scan`` ``resolve_deferred_releases()`` with nothing held and N rooms open (every
                 scheduler iteration without an aborted request); per call, not per
                 request
@@ -262,10 +267,13 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
         r.clear()
     t["success_clear"] = (time.perf_counter() - t0) / n
     assert not mgr.request_status and all(r.conclude_state == KVPoll.Success for r in receivers)
+    t0 = time.perf_counter()
+    q.resolve_deferred_releases()
+    t["success_drain"] = (time.perf_counter() - t0) / n
     if gate is not None:
         # Every room finished (released, reason "finished"): nothing left open or held.
-        gate.drain()
         assert not gate.records and not gate.room_handle and not gate.decided, gate
+        assert not gate.table.queued_releases()
     return t
 
 
@@ -369,7 +377,8 @@ def main() -> int:
     ks.install()  # attach the prefill gate when the manager is built, then toggle
     prefill_manager()
     phases = ["open", "abort", "pop", "scan_first", "scan", "ack", "trickle", "release",
-              "lifecycle", "success_clear", "idle_scan", "prefill_chunk"]
+              "lifecycle", "success_clear", "success_drain", "success", "idle_scan",
+              "prefill_chunk"]
     raw: Dict[int, Dict[str, Dict[str, List[float]]]] = {
         n: {rule: {p: [] for p in phases} for rule in ("stock", "kvfence")} for n in sizes}
     for rnd in range(args.rounds):
@@ -380,10 +389,13 @@ def main() -> int:
                 (ks.install if rule == "kvfence" else ks.uninstall)()
                 acc: Dict[str, List[float]] = {p: [] for p in phases}
                 for _ in range(reps):
-                    for k, v in decode_lifecycle(n, rule == "kvfence").items():
+                    life = decode_lifecycle(n, rule == "kvfence")
+                    for k, v in life.items():
                         acc[k].append(v)
-                    for k, v in decode_success(n, rule == "kvfence").items():
+                    ok = decode_success(n, rule == "kvfence")
+                    for k, v in ok.items():
                         acc[k].append(v)
+                    acc["success"].append(life["open"] + ok["success_clear"] + ok["success_drain"])
                     acc["prefill_chunk"].append(prefill_chunks(n, 2, rule == "kvfence"))
                 for p in phases:
                     raw[n][rule][p].append(statistics.median(acc[p]))

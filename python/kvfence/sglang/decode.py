@@ -33,7 +33,8 @@ SGLang method (0.5.23)                        what kvfence adds
                                               ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
                                               says
 ``DecodeTransferQueue._do_release``           a quarantined room's pages are *not* freed
-``CommonKVReceiver._clear``                   ``finish`` after a successful transfer
+``CommonKVReceiver._clear``                   ``finish_drained`` after a successful transfer
+                                              (its release returned, not queued)
 ``CommonKVManager._handle_node_failure``      fences the dead prefill's ranks once its
                                               transport is proven torn down (:mod:`.teardown`)
 ============================================  =================================================
@@ -158,18 +159,23 @@ class DecodeGate:
     def finish(self, h: int) -> None:
         """A successful transfer: every writer rank reported Success, which it sends only
         after its last write (KV, metadata row, state) returned complete: that is each
-        rank's quiescence. ``finish``, then ``quiesce`` every writer: the room is released
-        (reason ``finished``; SGLang keeps the pages for the request)."""
-        rec = self.records.get(h)
+        rank's quiescence. ``finish_drained`` finishes the room and quiesces every writer
+        in one call, and returns the release (reason ``finished``; SGLang keeps the pages
+        for the request) instead of queueing it: the record is dropped here, and the next
+        scheduler iteration has nothing of this request to drain (measured: that drain
+        cost ~1.6 us per request, its ``Released`` object and the loop)."""
         try:
-            self.table.finish(h)
-        except (kvfence.RoomClosed, kvfence.StaleHandle):
+            if not self.table.finish_drained(h):
+                return  # not released by this call: the drain takes its release
+        except _ROOM_GONE:
             return
-        for rank in rec.writers if rec is not None else ():
-            try:
-                self.table.quiesce(h, rank)
-            except kvfence.Error:
-                pass
+        rec = self.records.pop(h, None)
+        if rec is not None:
+            # One lookup in the common case; a mapping that names another (newer) request
+            # of the same bootstrap_room is put back.
+            other = self.room_handle.pop(rec.room, h)
+            if other != h:
+                self.room_handle[rec.room] = other
 
     def drain(self) -> None:
         """Takes every release kvfence decided; applies the quarantine policy (its scan
