@@ -1623,6 +1623,28 @@ pub unsafe extern "C" fn kvfence_abort(
     })
 }
 
+/// The body of a call that closes a room and may release it (`kvfence_finish`,
+/// `kvfence_finish_drained`, `kvfence_quarantine`): `op` on the table, its release (if any)
+/// into `*release`, every failure a status.
+///
+/// # Safety
+/// `table` live; `release` valid for a write.
+unsafe fn closing(
+    table: *const kvfence_table,
+    handle: kvfence_handle,
+    release: *mut kvfence_release,
+    op: impl FnOnce(&RoomTable, RoomHandle) -> Result<Option<Released>, Error>,
+) -> kvfence_status {
+    call(|| {
+        // SAFETY: a live table by contract.
+        let t = unsafe { self::table(table) }?;
+        check(release)?;
+        let r = op(&t.inner, handle_of(handle))?;
+        kvfence_table::deliver(release, r);
+        Ok(())
+    })
+}
+
 /// Finishes the request normally: no transfer can begin any more, and the room is released
 /// once what is in flight (transfers, writers not yet done) drains; into `*release` if by
 /// this call. Thread-safe, lock-free.
@@ -1639,14 +1661,8 @@ pub unsafe extern "C" fn kvfence_finish(
     handle: kvfence_handle,
     release: *mut kvfence_release,
 ) -> kvfence_status {
-    call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(release)?;
-        let r = t.inner.finish(handle_of(handle))?;
-        kvfence_table::deliver(release, r);
-        Ok(())
-    })
+    // SAFETY: forwarded: `table` live, `release` valid for a write.
+    unsafe { closing(table, handle, release, RoomTable::finish) }
 }
 
 /// The normal end of a request whose every writer rank reported its last write complete
@@ -1667,14 +1683,8 @@ pub unsafe extern "C" fn kvfence_finish_drained(
     handle: kvfence_handle,
     release: *mut kvfence_release,
 ) -> kvfence_status {
-    call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(release)?;
-        let r = t.inner.finish_drained(handle_of(handle))?;
-        kvfence_table::deliver(release, r);
-        Ok(())
-    })
+    // SAFETY: forwarded: `table` live, `release` valid for a write.
+    unsafe { closing(table, handle, release, RoomTable::finish_drained) }
 }
 
 /// Ends a room that can never be proven drained (a failed transfer whose peer's transport
@@ -1694,14 +1704,8 @@ pub unsafe extern "C" fn kvfence_quarantine(
     handle: kvfence_handle,
     release: *mut kvfence_release,
 ) -> kvfence_status {
-    call(|| {
-        // SAFETY: a live table by contract.
-        let t = unsafe { self::table(table) }?;
-        check(release)?;
-        let r = t.inner.quarantine(handle_of(handle))?;
-        kvfence_table::deliver(release, r);
-        Ok(())
-    })
+    // SAFETY: forwarded: `table` live, `release` valid for a write.
+    unsafe { closing(table, handle, release, RoomTable::quarantine) }
 }
 
 // ---------------------------------------------------------------------------------------
