@@ -27,8 +27,8 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 whole cost in the release path, the per-iteration scans not included
 * ``success_clear`` the normal path (the transfer succeeded): ``receiver.clear()`` with
                 the room's status Success, which SGLang's ``pop_transferred`` calls
-                through ``_commit_transfer_to_req`` (kvfence adds ``finish`` there, and
-                ``open`` above at ``send_metadata``); per request
+                through ``_commit_transfer_to_req`` (kvfence adds ``finish_drained``
+                there, and ``open`` above at ``send_metadata``); per request
 * ``success_drain`` the scheduler iteration after those clears:
                 ``resolve_deferred_releases()`` with nothing held, where kvfence takes
                 whatever the finished rooms left to drain; per request
