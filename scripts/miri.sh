@@ -26,6 +26,11 @@ if ! rustup component add miri rust-src --toolchain nightly; then
     exit 0
 fi
 cargo +nightly miri setup
+# Miri's build of the crate and its dev-dependencies (a few minutes on 2 cores) lives
+# outside the clone, as the engine environments do, so a second clone on the same machine
+# reuses it (cargo's fingerprints rebuild whatever changed: this crate, another nightly).
+# An explicit CARGO_TARGET_DIR wins.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${KVFENCE_CACHE:-$HOME/.cache/kvfence}/miri-target}"
 
 # The unit tests, the engine behaviours, the no-allocation checks, the property test (16
 # cases under Miri) by default; pass targets to choose others (the big
