@@ -78,7 +78,7 @@ impl RoomTable {
         };
         let mut out = None;
         // Give up on every writer still pending...
-        if let Some(r) = self.give_up_writers(index, gen) {
+        if let Some(r) = self.clear_pending_writers(index, gen, self.config.release_queue) {
             out = Some(r);
         }
         // ...and on every failed transfer of the room...

@@ -36,8 +36,9 @@
 //!
 //! **The steps that may decide** live here too: dropping a hold of any kind
 //! (`drop_hold`), clearing a writer's position (`clear_position`, which drops its mask
-//! word's hold when it empties) and giving up every pending writer (`give_up_writers`, for
-//! a rollback or a quarantine). Quarantine itself is in `quarantine.rs`.
+//! word's hold when it empties) and clearing every pending writer
+//! (`clear_pending_writers`: a rollback or a quarantine gives them up, `finish_drained`
+//! quiesces them). Quarantine itself is in `quarantine.rs`.
 
 use crate::counters::Event;
 use crate::error::Error;
@@ -146,34 +147,27 @@ impl RoomTable {
         self.slots[index].0.rolled_back.load(Ordering::Relaxed) == mark(gen)
     }
 
-    /// Clears every writer still pending in lifecycle `gen` of room `index` (a rollback, a
-    /// quarantine); returns a release one of those clears performed.
-    pub(crate) fn give_up_writers(&self, index: usize, gen: u32) -> Option<Released> {
-        let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
-            self.slots[index].0.writers.pending_positions(gen).collect();
-        let mut out = None;
-        for pos in positions {
-            if let Ok(Quiesced::Released(r)) = self.clear_position(index, gen, pos) {
-                out = Some(r);
-            }
-        }
-        out
-    }
-
-    /// Clears every writer still pending in lifecycle `gen` of room `index`, each having
-    /// reported its last write complete (`finish_drained`); a release one of those clears
-    /// performs is returned, never queued (the caller acts on it).
-    pub(crate) fn clear_writers_direct(&self, index: usize, gen: u32) -> Option<Released> {
+    /// Clears every writer still pending in lifecycle `gen` of room `index`: a rollback or
+    /// a quarantine gives them up, `finish_drained` quiesces them (each reported its last
+    /// write complete). A release one of those clears performs is delivered as `queue`
+    /// says (`false`: returned, for a caller that acts on it) and returned if not queued.
+    pub(crate) fn clear_pending_writers(
+        &self,
+        index: usize,
+        gen: u32,
+        queue: bool,
+    ) -> Option<Released> {
         let slot = &self.slots[index].0;
-        // Read without a lock, as `give_up_writers` does: a clear of another lifecycle's
-        // list is refused (`Err`), so a list that moved on is left alone.
+        // Read without a lock: a clear of another lifecycle's list is refused (`Err`), so a
+        // list that moved on meanwhile is left alone.
         let positions: arrayvec::ArrayVec<usize, { crate::MAX_WRITERS }> =
             slot.writers.pending_positions(gen).collect();
         let mut out = None;
         for pos in positions {
             if let Ok(Cleared::LastOfWord) = slot.writers.clear(gen, pos) {
+                // The word's hold was ours (only a test-only mutation makes it otherwise).
                 if let Ok(Step::Released(reason)) = slot.word.drop_hold(gen, Hold::Writers) {
-                    out = self.release_to(index, gen, reason, false);
+                    out = self.release_to(index, gen, reason, queue);
                 }
             }
         }

@@ -231,7 +231,7 @@ impl RoomTable {
     fn roll_back(&self, index: usize, gen: u32) {
         let slot = &self.slots[index].0;
         slot.rolled_back.store(mark(gen), Ordering::Relaxed);
-        let _ = self.give_up_writers(index, gen);
+        let _ = self.clear_pending_writers(index, gen, self.config.release_queue);
         match slot.word.close(gen, Phase::Aborting) {
             Ok(Closed::Released(reason)) => {
                 let _ = self.release(index, gen, reason);
@@ -528,7 +528,7 @@ impl RoomTable {
         if mutant!(kvfence_finish_drained_skips_writers) {
             return Ok(None);
         }
-        Ok(self.clear_writers_direct(handle.index(), handle.generation()))
+        Ok(self.clear_pending_writers(handle.index(), handle.generation(), false))
     }
 
     #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
