@@ -106,6 +106,7 @@ for arg in "$@"; do
         # build of CPython: then pytest skips it, and so does this check).
         if python -c 'import _testcapi' 2>/dev/null; then
             mutation kvfence_py_drain_loses test_release_never_lost.py test_no_release_is_lost
+            mutation kvfence_py_drain_loses test_drain_reasons.py test_no_release_lost
         else
             echo "NOTICE: this CPython has no _testcapi: --cfg kvfence_py_drain_loses not checked"
         fi

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Dict, Iterable, List, Literal, Optional, Type, Union, final
+from typing import Any, Dict, Iterable, List, Literal, Optional, Tuple, Type, Union, final
 
 __all__ = [
     "RoomTable",
@@ -139,6 +139,11 @@ class RoomTable:
     def drain_released(self) -> List[Released]:
         """Every undelivered release, each exactly once. If it raises ``MemoryError`` it
         delivered none and lost none: the next call returns them."""
+    def drain_reasons(self) -> List[Tuple[int, _ReasonName]]:
+        """Every undelivered release as a ``(handle, reason)`` pair, each exactly once
+        (no ``Released`` object each), for gate-mode rooms opened with ``pages=None``.
+        Raises ``ValueError`` (gate mode: a release carries page ids) or
+        ``MemoryError``, delivering none and losing none."""
     def pop_released(self) -> Optional[Released]:
         """One undelivered release, or ``None``. If it raises ``MemoryError`` the release
         stays for the next call."""

@@ -129,6 +129,35 @@ impl HandleCache {
         int
     }
 
+    /// The int for `handle`: the one `open` returned, if its slot still holds it (no
+    /// allocation; the dicts an engine keys by handle then compare by identity), else a
+    /// new int of the same value. A failed allocation is `Err` (`MemoryError`), not a
+    /// panic (PyO3's `u128` conversion panics on a null).
+    pub fn int_of<'py>(&self, py: Python<'py>, handle: RoomHandle) -> PyResult<Bound<'py, PyInt>> {
+        let wire = handle.to_wire();
+        // `clone_ref` is an incref: no Python code runs while the slot is borrowed.
+        let cached = self.slot(wire as u64).with(py, |slot| {
+            slot.as_ref()
+                .filter(|c| c.wire == wire)
+                .map(|c| c.int.clone_ref(py))
+        });
+        if let Some(int) = cached {
+            return Ok(int.into_bound(py));
+        }
+        // Decimal digits only: no interior NUL.
+        let digits = std::ffi::CString::new(wire.to_string()).unwrap_or_default();
+        // SAFETY: we are attached and `digits` is a NUL-terminated decimal string;
+        // `PyLong_FromString` returns a new reference or null with an exception set.
+        let int = unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                pyo3::ffi::PyLong_FromString(digits.as_ptr(), std::ptr::null_mut(), 10),
+            )?
+        };
+        // SAFETY: `PyLong_FromString` returns an int.
+        Ok(unsafe { int.cast_into_unchecked() })
+    }
+
     /// Reads a handle: any int but a bool (`TypeError`: a bool is never a handle); one
     /// outside `range(2**128)` is `OverflowError` (the caller maps it to `InvalidHandle`).
     ///

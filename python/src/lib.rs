@@ -411,6 +411,34 @@ fn phase_str(phase: Phase) -> &'static str {
     }
 }
 
+/// The three reasons as interned Python strings, made when the module is imported (so
+/// that a drain never allocates them: `intern!` would panic if that allocation failed).
+static REASON_WORDS: PyOnceLock<[Py<PyString>; 3]> = PyOnceLock::new();
+
+/// The interned string of `reason` (see [`REASON_WORDS`]).
+fn reason_word(py: Python<'_>, reason: Reason) -> PyResult<Bound<'_, PyString>> {
+    let i = match reason {
+        Reason::Finished => 0,
+        Reason::Aborted => 1,
+        Reason::Quarantined => 2,
+    };
+    if let Some(words) = REASON_WORDS.get(py) {
+        return Ok(words[i].bind(py).clone());
+    }
+    interned(py, reason_str(reason))
+}
+
+/// `word` as an interned Python string; a failed allocation is `Err`, not a panic.
+fn interned<'py>(py: Python<'py>, word: &str) -> PyResult<Bound<'py, PyString>> {
+    let c = std::ffi::CString::new(word).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    // SAFETY: we are attached and `c` is a NUL-terminated string; the call returns a new
+    // reference or null with an exception set (`from_owned_ptr_or_err` makes that `Err`).
+    let s =
+        unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyUnicode_InternFromString(c.as_ptr()))? };
+    // SAFETY: `PyUnicode_InternFromString` returns a str.
+    Ok(unsafe { s.cast_into_unchecked() })
+}
+
 fn reason_str(reason: Reason) -> &'static str {
     match reason {
         Reason::Finished => "finished",
@@ -735,6 +763,41 @@ impl PyRoomTable {
     /// A handle: any int but a bool (`TypeError`); one outside `range(2**128)` is
     /// `InvalidHandle` (a `ValueError`).
     #[inline]
+    /// The ``(handle, reason)`` pairs of `taken`, in a new list; `taken` is left to the
+    /// caller (a release holds no Python object), so an allocation that fails loses
+    /// nothing: every pair and the list are made before anything is handed over. Every
+    /// allocation here is checked (raw `PyTuple_New` / `PyList_New`: PyO3's constructors
+    /// panic on a null), so a failure is a `MemoryError`, never a panic.
+    fn pairs<'py>(&self, py: Python<'py>, taken: &[Released]) -> PyResult<Bound<'py, PyList>> {
+        let len = ffi::Py_ssize_t::try_from(taken.len())
+            .map_err(|_| PyOverflowError::new_err("too many releases for one list"))?;
+        let mut pairs = Vec::with_capacity(taken.len());
+        for r in taken {
+            let handle = self.inner.handles.int_of(py, r.handle)?;
+            let reason = reason_word(py, r.reason)?;
+            // SAFETY: we are attached; `PyTuple_New` returns a new reference or null with
+            // an exception set (`from_owned_ptr_or_err` makes that `Err`).
+            let pair = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(2))? };
+            // SAFETY: `pair` is a new 2-tuple, both slots empty; `PyTuple_SetItem` steals
+            // each reference (it cannot fail for a tuple and an index in range).
+            unsafe {
+                ffi::PyTuple_SetItem(pair.as_ptr(), 0, handle.into_ptr());
+                ffi::PyTuple_SetItem(pair.as_ptr(), 1, reason.into_ptr());
+            }
+            pairs.push(pair);
+        }
+        // SAFETY: as for the tuples (not `PyList::new`, which panics on a null).
+        let list = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyList_New(len))? };
+        for (i, pair) in pairs.into_iter().enumerate() {
+            // SAFETY: `list` is a new list of `len` slots, all empty, and `i < len`:
+            // `PyList_SetItem` stores the tuple and steals our reference (it cannot fail
+            // for a list and an index in range).
+            unsafe { ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, pair.into_ptr()) };
+        }
+        // SAFETY: `PyList_New` made a list.
+        Ok(unsafe { list.cast_into_unchecked() })
+    }
+
     fn handle(&self, h: &Bound<'_, PyAny>) -> PyResult<RoomHandle> {
         self.inner.handles.read(h).map_err(|e| {
             if e.is_instance_of::<PyOverflowError>(h.py()) {
@@ -1117,6 +1180,39 @@ impl PyRoomTable {
         }
     }
 
+    /// Every undelivered release as a ``(handle, reason)`` pair, each exactly once (from
+    /// any thread: concurrent callers get disjoint lists): ``drain_released()`` without a
+    /// ``Released`` object per release, for a gate-mode engine that keeps its own page
+    /// lists (its rooms opened with ``pages=None``). The handle is the int ``open``
+    /// returned while the binding still caches it (a dict keyed by handles then compares
+    /// by identity), else an equal int; ``reason`` is one of three shared strings.
+    ///
+    /// Delivers nothing and loses nothing if it raises: ``ValueError`` if one of the
+    /// releases carries page ids in gate mode (the engine must free those:
+    /// ``drain_released()`` returns them), ``MemoryError`` if a pair or the list could not
+    /// be allocated. Pool mode: the pages are already back in the pool, so any release
+    /// comes out as a pair.
+    fn drain_reasons<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let taken = self.inner.take_all();
+        if self.table().is_gate() && taken.iter().any(|r| !r.pages.is_empty()) {
+            self.inner.put_back(taken);
+            return Err(PyValueError::new_err(
+                "drain_reasons: a release carries page ids (its room was opened with pages): \
+                 drain_released() returns them",
+            ));
+        }
+        match self.pairs(py, &taken) {
+            Ok(list) => Ok(list),
+            Err(e) => {
+                // MUTATION (test-only, `kvfence_py_drain_loses`): the releases are dropped.
+                if !mutant!(kvfence_py_drain_loses) {
+                    self.inner.put_back(taken);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// One undelivered release, or ``None``. If it raises (``MemoryError``), the release
     /// stays for the next call.
     fn pop_released<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyReleased>>> {
@@ -1259,5 +1355,14 @@ fn _kvfence(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_ROOMS", kvfence::MAX_ROOMS)?;
     m.add("MAX_PAGES", kvfence::MAX_PAGES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let py = m.py();
+    REASON_WORDS.get_or_try_init(py, || -> PyResult<[Py<PyString>; 3]> {
+        let word = |r| reason_word(py, r).map(Bound::unbind);
+        Ok([
+            word(Reason::Finished)?,
+            word(Reason::Aborted)?,
+            word(Reason::Quarantined)?,
+        ])
+    })?;
     Ok(())
 }

@@ -41,7 +41,7 @@ def values() -> Dict[str, float]:
         # The aborted rooms whose pages are not freed yet (open, or released by kvfence
         # and waiting for SGLang's next scan to free them).
         for h, aborted_at in list(g.aborted.items()):
-            rec = g.records.get(h) or g.decided_records.get(h)
+            rec = g.records.get(h)
             if rec is None:
                 continue
             v["held_rooms"] += 1
