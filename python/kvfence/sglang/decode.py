@@ -554,11 +554,12 @@ def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
         if gate is None:
             return orig(self, decode_req, idx)
         reason = gate.decided.pop(h, None)
+        gate.aborted.pop(h, None)  # SGLang frees (or we quarantine) it: not held any more
         if reason is not None:
-            # kvfence released it: its record and abort time go now (a room it did not
-            # release keeps them: its ACKs still count).
+            # kvfence released it: its record goes now. (SGLang frees a kvfence room only
+            # once kvfence released it, its deadline being infinite; were it ever to free
+            # another, that room's record would stay, and its ACKs still count.)
             gate.forget(h)
-            gate.aborted.pop(h, None)
         if reason == "quarantined":
             # Never reused: neither the KV pages nor the metadata slot go back. Only the
             # receiver's bookkeeping is ended, as _do_release would.
