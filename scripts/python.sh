@@ -107,8 +107,9 @@ for arg in "$@"; do
         if python -c 'import _testcapi' 2>/dev/null; then
             mutation kvfence_py_drain_loses test_release_never_lost.py test_no_release_is_lost
             mutation kvfence_py_drain_loses test_drain_reasons.py test_no_release_lost
+            mutation kvfence_py_open_leaks_room test_allocation_failures.py test_open_that
         else
-            echo "NOTICE: this CPython has no _testcapi: --cfg kvfence_py_drain_loses not checked"
+            echo "NOTICE: this CPython has no _testcapi: --cfg kvfence_py_drain_loses and kvfence_py_open_leaks_room not checked"
         fi
         echo "ok: every binding mutation is caught"
         # No free-threaded interpreter here to build against: at least compile the

@@ -111,7 +111,9 @@ class RoomTable:
         token: int = 0,
     ) -> int:
         """Opens a room; returns its handle. Gate mode: ``pages`` is the engine's page
-        ids; pool mode: a count (larger than the pool: ``TooManyPages``)."""
+        ids; pool mode: a count (larger than the pool: ``TooManyPages``). On
+        ``MemoryError`` nothing is held: a room already made is undone, its release
+        (``"finished"``) delivered by ``drain_released()``."""
     def pages_of(self, h: int) -> List[int]:
         """The page ids of an owned room."""
     def grow(self, h: int, pages: Union[Iterable[int], int]) -> Optional[List[int]]:
@@ -122,7 +124,8 @@ class RoomTable:
         """Begins a transfer on the room's pages (refused once it is closing)."""
     def abort(self, h: int) -> List[int]:
         """Aborts the request; returns the ranks still to be told (``[]`` if already
-        aborting)."""
+        aborting). On ``MemoryError`` the room is aborted all the same:
+        ``room_status(h)["waiting_on"]`` names the ranks to tell."""
     def finish(self, h: int) -> None:
         """Finishes the request normally."""
     def finish_drained(self, h: int) -> bool:

@@ -113,12 +113,15 @@ impl HandleCache {
         &self.slots[index & self.mask]
     }
 
-    /// The int for a handle `open` just made; remembered for [`HandleCache::read`].
-    pub fn remember<'py>(&self, py: Python<'py>, handle: RoomHandle) -> Bound<'py, PyInt> {
+    /// The int for a handle `open` just made; remembered for [`HandleCache::read`]. A
+    /// failed allocation is `Err` (`MemoryError`), not a panic, and remembers nothing.
+    pub fn remember<'py>(
+        &self,
+        py: Python<'py>,
+        handle: RoomHandle,
+    ) -> PyResult<Bound<'py, PyInt>> {
         let wire = handle.to_wire();
-        let int = wire
-            .into_pyobject(py)
-            .unwrap_or_else(|never| match never {});
+        let int = int_from_wire(py, wire)?;
         let new = Cached {
             int: int.clone().unbind(),
             wire,
@@ -126,13 +129,13 @@ impl HandleCache {
         let old = self.slot(wire as u64).with(py, |slot| slot.replace(new));
         // Dropped (decref'd) after the slot's borrow ended.
         drop(old);
-        int
+        Ok(int)
     }
 
     /// The int for `handle`: the one `open` returned, if its slot still holds it (no
     /// allocation; the dicts an engine keys by handle then compare by identity), else a
     /// new int of the same value. A failed allocation is `Err` (`MemoryError`), not a
-    /// panic (PyO3's `u128` conversion panics on a null).
+    /// panic.
     pub fn int_of<'py>(&self, py: Python<'py>, handle: RoomHandle) -> PyResult<Bound<'py, PyInt>> {
         let wire = handle.to_wire();
         // `clone_ref` is an incref: no Python code runs while the slot is borrowed.
@@ -141,21 +144,10 @@ impl HandleCache {
                 .filter(|c| c.wire == wire)
                 .map(|c| c.int.clone_ref(py))
         });
-        if let Some(int) = cached {
-            return Ok(int.into_bound(py));
+        match cached {
+            Some(int) => Ok(int.into_bound(py)),
+            None => int_from_wire(py, wire),
         }
-        // Decimal digits only: no interior NUL.
-        let digits = std::ffi::CString::new(wire.to_string()).unwrap_or_default();
-        // SAFETY: we are attached and `digits` is a NUL-terminated decimal string;
-        // `PyLong_FromString` returns a new reference or null with an exception set.
-        let int = unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                pyo3::ffi::PyLong_FromString(digits.as_ptr(), std::ptr::null_mut(), 10),
-            )?
-        };
-        // SAFETY: `PyLong_FromString` returns an int.
-        Ok(unsafe { int.cast_into_unchecked() })
     }
 
     /// Reads a handle: any int but a bool (`TypeError`: a bool is never a handle); one
@@ -209,4 +201,33 @@ impl HandleCache {
             (equal == 1).then_some(cached.wire)
         })
     }
+}
+
+/// A new int of value `wire`. PyO3's `u128` conversion does the same under the stable ABI
+/// (the high half shifted, or'ed with the low half) but panics if an allocation fails;
+/// here that is `Err` (`MemoryError`).
+fn int_from_wire(py: Python<'_>, wire: u128) -> PyResult<Bound<'_, PyInt>> {
+    use pyo3::ffi;
+    let owned = |p: *mut ffi::PyObject| {
+        // SAFETY: `p` is what a C API call below just returned: a new reference, or null
+        // with an exception set (which this makes `Err`); we are attached (`py`).
+        unsafe { Bound::from_owned_ptr_or_err(py, p) }
+    };
+    // SAFETY: we are attached; the call takes a plain integer.
+    let low = owned(unsafe { ffi::PyLong_FromUnsignedLongLong(wire as u64) })?;
+    let high = (wire >> 64) as u64;
+    let int = if high == 0 {
+        low
+    } else {
+        // SAFETY: as above.
+        let high = owned(unsafe { ffi::PyLong_FromUnsignedLongLong(high) })?;
+        // SAFETY: as above (64 is one of CPython's preallocated small ints).
+        let shift = owned(unsafe { ffi::PyLong_FromLong(64) })?;
+        // SAFETY: both operands are live ints owned by the `Bound`s above.
+        let shifted = owned(unsafe { ffi::PyNumber_Lshift(high.as_ptr(), shift.as_ptr()) })?;
+        // SAFETY: both operands are live ints owned by the `Bound`s above.
+        owned(unsafe { ffi::PyNumber_Or(shifted.as_ptr(), low.as_ptr()) })?
+    };
+    // SAFETY: every value above is an exact int (`PyLong_From*`, and `<<`, `|` of ints).
+    Ok(unsafe { int.cast_into_unchecked() })
 }

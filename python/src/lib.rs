@@ -20,7 +20,6 @@ use kvfence::{
 };
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::ffi;
-use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{
@@ -44,10 +43,11 @@ macro_rules! mutant {
 /// name panics (a typo must not quietly test the correct code).
 #[cfg(kvfence_py_mutants)]
 fn mutant_chosen(name: &str) -> bool {
-    const NAMES: [&str; 3] = [
+    const NAMES: [&str; 4] = [
         "kvfence_py_cache_trusts_low_bits",
         "kvfence_py_truncating_items",
         "kvfence_py_drain_loses",
+        "kvfence_py_open_leaks_room",
     ];
     static CHOSEN: OnceLock<Option<&'static str>> = OnceLock::new();
     let chosen = CHOSEN.get_or_init(|| {
@@ -411,21 +411,83 @@ fn phase_str(phase: Phase) -> &'static str {
     }
 }
 
-/// The three reasons as interned Python strings, made when the module is imported (so
-/// that a drain never allocates them: `intern!` would panic if that allocation failed).
-static REASON_WORDS: PyOnceLock<[Py<PyString>; 3]> = PyOnceLock::new();
+/// Every word a call returns (release reasons, `quiesce` outcomes, phases), as interned
+/// Python strings made when the module is imported, so that no call allocates one after it
+/// changed the table (`intern!` would panic if that allocation failed; [`word`] falls back
+/// to a fallible intern only if the import did not make them).
+static WORDS: PyOnceLock<[Py<PyString>; Word::ALL.len()]> = PyOnceLock::new();
 
-/// The interned string of `reason` (see [`REASON_WORDS`]).
-fn reason_word(py: Python<'_>, reason: Reason) -> PyResult<Bound<'_, PyString>> {
-    let i = match reason {
-        Reason::Finished => 0,
-        Reason::Aborted => 1,
-        Reason::Quarantined => 2,
-    };
-    if let Some(words) = REASON_WORDS.get(py) {
-        return Ok(words[i].bind(py).clone());
+/// The words of [`WORDS`], in its order.
+#[derive(Clone, Copy)]
+enum Word {
+    Finished,
+    Aborted,
+    Quarantined,
+    Recorded,
+    Duplicate,
+    Released,
+    Stale,
+    Free,
+    Owned,
+    Aborting,
+    Draining,
+}
+
+impl Word {
+    const ALL: [Word; 11] = [
+        Word::Finished,
+        Word::Aborted,
+        Word::Quarantined,
+        Word::Recorded,
+        Word::Duplicate,
+        Word::Released,
+        Word::Stale,
+        Word::Free,
+        Word::Owned,
+        Word::Aborting,
+        Word::Draining,
+    ];
+
+    fn text(self) -> &'static str {
+        match self {
+            Word::Finished => reason_str(Reason::Finished),
+            Word::Aborted => reason_str(Reason::Aborted),
+            Word::Quarantined => reason_str(Reason::Quarantined),
+            Word::Recorded => "recorded",
+            Word::Duplicate => "duplicate",
+            Word::Released => "released",
+            Word::Stale => "stale",
+            Word::Free => phase_str(Phase::Free),
+            Word::Owned => phase_str(Phase::Owned),
+            Word::Aborting => phase_str(Phase::Aborting),
+            Word::Draining => phase_str(Phase::Draining),
+        }
     }
-    interned(py, reason_str(reason))
+
+    fn of_reason(reason: Reason) -> Word {
+        match reason {
+            Reason::Finished => Word::Finished,
+            Reason::Aborted => Word::Aborted,
+            Reason::Quarantined => Word::Quarantined,
+        }
+    }
+
+    fn of_phase(phase: Phase) -> Word {
+        match phase {
+            Phase::Free => Word::Free,
+            Phase::Owned => Word::Owned,
+            Phase::Aborting => Word::Aborting,
+            Phase::Draining => Word::Draining,
+        }
+    }
+}
+
+/// The interned string of `w` (see [`WORDS`]): a shared object, no allocation.
+fn word(py: Python<'_>, w: Word) -> PyResult<Bound<'_, PyString>> {
+    if let Some(words) = WORDS.get(py) {
+        return Ok(words[w as usize].bind(py).clone());
+    }
+    interned(py, w.text())
 }
 
 /// `word` as an interned Python string; a failed allocation is `Err`, not a panic.
@@ -774,7 +836,7 @@ impl PyRoomTable {
         let mut pairs = Vec::with_capacity(taken.len());
         for r in taken {
             let handle = self.inner.handles.int_of(py, r.handle)?;
-            let reason = reason_word(py, r.reason)?;
+            let reason = word(py, Word::of_reason(r.reason))?;
             // SAFETY: we are attached; `PyTuple_New` returns a new reference or null with
             // an exception set (`from_owned_ptr_or_err` makes that `Err`).
             let pair = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(2))? };
@@ -921,7 +983,9 @@ impl PyRoomTable {
     /// can be released, even after an abort.
     ///
     /// Raises ``TableFull``, ``PoolExhausted``, ``RankFenced``, ``TooManyPages``,
-    /// ``InvalidRank``, ``TooManyWriters``, ``DuplicateWriter``; on error nothing is held.
+    /// ``InvalidRank``, ``TooManyWriters``, ``DuplicateWriter``; on error nothing is held
+    /// (``MemoryError`` once the room was made: it is undone, its release, reason
+    /// ``"finished"``, delivered by ``drain_released()``).
     #[pyo3(
         signature = (writers, pages=None, token=None),
         text_signature = "(self, writers, pages=None, token=0)"
@@ -971,7 +1035,21 @@ impl PyRoomTable {
             };
             table.open(&writers, n).py(py)?.handle
         };
-        Ok(self.inner.handles.remember(py, handle))
+        match self.inner.handles.remember(py, handle) {
+            Ok(int) => Ok(int),
+            Err(e) => {
+                // The handle's int could not be made (MemoryError): no one will ever hold
+                // this room's handle, so the open is undone here. Nothing was sent for it
+                // yet (the caller has no handle), so ending it as a success is no false
+                // ACK: finish, every writer quiesced; the release (reason "finished") is
+                // kept for `drain_released()`, so nothing is lost, pool pages included.
+                if !mutant!(kvfence_py_open_leaks_room) {
+                    let released = self.table().finish_drained(handle);
+                    self.inner.keep(released.ok().flatten());
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The page ids of an owned room (in the order they were added).
@@ -1043,6 +1121,8 @@ impl PyRoomTable {
     ///
     /// Returns the ranks still to be told (send each an ABORT; each answers with its ACK),
     /// or ``[]`` if the room was already aborting. Raises ``StaleHandle`` once released.
+    /// A ``MemoryError`` (the list could not be made) leaves the room aborted all the same:
+    /// ``room_status(h)["waiting_on"]`` names the ranks still to be told.
     fn abort<'py>(&self, py: Python<'py>, h: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyList>> {
         match self.table().abort(self.handle(h)?) {
             Ok(aborted) => {
@@ -1105,19 +1185,20 @@ impl PyRoomTable {
     ) -> PyResult<Bound<'py, PyString>> {
         let h = self.handle(h)?;
         let rank = self::rank(rank)?;
-        // Interned: an ACK returns one of four shared strings, no allocation.
-        let word = match self.table().quiesce(h, rank) {
-            Ok(Quiesced::Recorded) => intern!(py, "recorded"),
-            Ok(Quiesced::Duplicate) => intern!(py, "duplicate"),
-            Ok(Quiesced::Queued) => intern!(py, "released"),
+        // Interned at import: an ACK returns one of four shared strings, no allocation
+        // (a release this call returned is kept before the word is fetched).
+        let w = match self.table().quiesce(h, rank) {
+            Ok(Quiesced::Recorded) => Word::Recorded,
+            Ok(Quiesced::Duplicate) => Word::Duplicate,
+            Ok(Quiesced::Queued) => Word::Released,
             Ok(Quiesced::Released(released)) => {
                 self.inner.keep(Some(released));
-                intern!(py, "released")
+                Word::Released
             }
-            Err(Error::StaleHandle) => intern!(py, "stale"),
+            Err(Error::StaleHandle) => Word::Stale,
             Err(e) => return Err(to_py(py, e)),
         };
-        Ok(word.clone())
+        word(py, w)
     }
 
     /// Declares that ``rank`` can no longer write anywhere (its transport is torn down):
@@ -1239,13 +1320,8 @@ impl PyRoomTable {
     /// The phase of the handle's lifecycle: ``"owned"``, ``"aborting"``, ``"draining"``,
     /// or ``"free"`` once released. Raises ``InvalidHandle``.
     fn phase<'py>(&self, py: Python<'py>, h: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyString>> {
-        let word = match self.table().phase(self.handle(h)?).py(py)? {
-            Phase::Free => intern!(py, "free"),
-            Phase::Owned => intern!(py, "owned"),
-            Phase::Aborting => intern!(py, "aborting"),
-            Phase::Draining => intern!(py, "draining"),
-        };
-        Ok(word.clone())
+        let phase = self.table().phase(self.handle(h)?).py(py)?;
+        word(py, Word::of_phase(phase))
     }
 
     /// The status of a live room: a dict with ``handle``, ``phase``, ``waiting_on`` (ranks
@@ -1356,13 +1432,14 @@ fn _kvfence(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_PAGES", kvfence::MAX_PAGES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     let py = m.py();
-    REASON_WORDS.get_or_try_init(py, || -> PyResult<[Py<PyString>; 3]> {
-        let word = |r| reason_word(py, r).map(Bound::unbind);
-        Ok([
-            word(Reason::Finished)?,
-            word(Reason::Aborted)?,
-            word(Reason::Quarantined)?,
-        ])
+    WORDS.get_or_try_init(py, || -> PyResult<[Py<PyString>; Word::ALL.len()]> {
+        let mut made = Vec::with_capacity(Word::ALL.len());
+        for w in Word::ALL {
+            made.push(interned(py, w.text())?.unbind());
+        }
+        Ok(made
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one word per Word::ALL entry")))
     })?;
     Ok(())
 }
