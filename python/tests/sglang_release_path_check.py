@@ -25,7 +25,7 @@ for n in (1, 10, 300):
     for on in (False, True):
         b.decode_lifecycle(n, on)
 gate = getattr(b._decode_mgrs[True], "_kvfence_gate")
-assert not gate.records and not gate.decided and not gate.room_handle, gate
+assert not gate.records and not gate.decided and not gate.room_handle and not gate.admitted, gate
 assert not gate.aborted, gate
 
 # SGLang clears the held list in place (release_memory_occupation) and holds new entries

@@ -199,3 +199,134 @@ def test_release_path_on_the_real_decode_queue():
     p = subprocess.run([sys.executable, os.path.join(here, "sglang_release_path_check.py")],
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "release path OK" in p.stdout, p.stdout[-2000:] + p.stderr[-4000:]
+
+
+# -- the decode gate's admission (rooms open at the abort), on the gate itself ----------
+
+from types import SimpleNamespace  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import kvfence  # noqa: E402
+from kvfence.sglang import decode as kdec  # noqa: E402
+
+_ADDR = "10.0.0.1:8998"
+_INFO = SimpleNamespace(pp_size=1, attn_cp_size=1)
+
+
+class _Mgr:
+    """What the gate calls on a decode manager when it refuses a request."""
+
+    def __init__(self):
+        self.failed = []
+        self.request_status = {}
+
+    def record_failure(self, room, why):
+        self.failed.append((room, why))
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
+
+
+def _recv(mgr, room):
+    """A receiver whose destinations go to prefill ranks 0 and 1 of _ADDR."""
+    return SimpleNamespace(
+        kv_mgr=mgr, bootstrap_room=room, bootstrap_addr=_ADDR, prefill_info=_INFO,
+        target_cp_ranks=[0], target_tp_ranks=[0, 1], target_pp_ranks=[0],
+        bootstrap_infos=[{"rank_ip": "10.0.0.1", "rank_port": 7000},
+                         {"rank_ip": "10.0.0.1", "rank_port": 7001}])
+
+
+def _admit(gate, r):
+    return gate.admit(r, list(range(4)), 0, None)
+
+
+def test_a_successful_request_never_opens_a_room(monkeypatch):
+    """send_metadata admits; a clear with status Success forgets the admission (no room
+    ever opened); a clear of a failed request keeps it for the abort that follows
+    (SGLang's failure_exception() clears first), which opens the room."""
+    gate = kdec.DecodeGate(kvfence.RoomTable(64))
+    mgr = _Mgr()
+    mgr._kvfence_gate = gate
+    monkeypatch.setattr(kdec, "_SUCCESS", "Success")
+    clear = kdec._clear(lambda self: None)
+    rs = [_recv(mgr, i) for i in range(10)]
+    assert all(_admit(gate, r) for r in rs)
+    assert _admit(gate, rs[0])  # sent again: still one admission
+    assert gate.admitted == 10 and gate.table.stats()["rooms_owned"] == 0
+    for r in rs[:9]:
+        mgr.request_status[r.bootstrap_room] = "Success"
+        clear(r)
+    mgr.request_status[9] = "Failed"
+    clear(rs[9])
+    assert gate.admitted == 1 and not gate.records
+    assert gate.table.stats()["rooms_owned"] == 0
+    h = gate.open_admitted(rs[9])
+    assert h is not None and rs[9]._kvfence_handle == h and gate.admitted == 0
+    assert gate.records[h].writers == gate.ranks.of(_ADDR) and gate.room_handle[9] == h
+    assert gate.open_admitted(rs[0]) is None  # it succeeded: a later abort is SGLang's own
+    assert gate.table.stats()["rooms_owned"] == 1
+
+
+def test_a_writer_fenced_after_admission_is_left_out_of_its_room():
+    """A rank fenced between a request's admission and its abort (its transport torn
+    down: it writes nothing more) is not a writer of the room opened at the abort; with
+    every writer fenced the room has none, and its abort releases it."""
+    gate = kdec.DecodeGate(kvfence.RoomTable(64))
+    mgr = _Mgr()
+    r1, r2 = _recv(mgr, 1), _recv(mgr, 2)
+    assert _admit(gate, r1) and _admit(gate, r2)
+    ranks = gate.retire(_ADDR)
+    assert len(ranks) == 2
+    gate.fence(_ADDR, ranks[:1], "test")
+    h1 = gate.open_admitted(r1)
+    assert h1 is not None and gate.records[h1].writers == ranks[1:]
+    assert gate.table.abort(h1) == ranks[1:]  # only the live writer is told
+    gate.fence(_ADDR, ranks[1:], "test")  # releases h1
+    h2 = gate.open_admitted(r2)
+    assert h2 is not None and gate.records[h2].writers == []
+    assert gate.table.abort(h2) == []
+    gate.drain()
+    assert gate.decided == {h1: "aborted", h2: "aborted"}
+    assert gate.unguarded_rooms == 0
+
+
+def test_admission_promises_a_room_at_the_abort():
+    """Admitted requests and open rooms together never exceed the table: the request
+    past that is refused at send_metadata (failed, nothing sent), so no abort finds the
+    table full."""
+    pytest.importorskip("sglang.srt.disaggregation.base.conn")
+    gate = kdec.DecodeGate(kvfence.RoomTable(2))
+    mgr = _Mgr()
+    a, b, c = (_recv(mgr, i) for i in range(3))
+    assert _admit(gate, a) and _admit(gate, b)
+    assert not _admit(gate, c)
+    assert mgr.failed and mgr.failed[-1][0] == 2 and "promised" in mgr.failed[-1][1]
+    assert getattr(c, "_kvfence_admitted", None) is None
+    assert gate.open_admitted(a) is not None and gate.open_admitted(b) is not None
+    assert gate.unguarded_rooms == 0 and gate.admitted == 0
+
+
+def test_a_fence_waits_for_requests_admitted_to_the_dead_prefill(monkeypatch):
+    """The heartbeat declares a prefill dead while a request to it is admitted (no room
+    yet): the fence thread keeps waiting for the teardown proof instead of deciding that
+    nothing waits on the prefill; once the proof holds it fences, and the request's
+    abort then opens a room with no writer."""
+    monkeypatch.setattr(ks._state, "config", ks.Config(teardown_poll=0.02))
+    gate = kdec.DecodeGate(kvfence.RoomTable(64))
+    torn = threading.Event()
+    gate.proof = lambda host, eps: torn.is_set()
+    r = _recv(mgr=_Mgr(), room=1)
+    assert _admit(gate, r)
+    gate.node_failed(_ADDR)
+    time.sleep(0.3)  # 15 polls
+    name = "kvfence-fence-%s" % _ADDR
+    assert gate.fenced_ranks == 0
+    assert any(t.name == name for t in threading.enumerate()), "the fence thread gave up"
+    torn.set()
+    deadline = time.monotonic() + 10
+    while gate.fenced_ranks < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate.fenced_ranks == 2
+    h = gate.open_admitted(r)
+    assert h is not None and gate.records[h].writers == []

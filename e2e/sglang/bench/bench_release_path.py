@@ -9,8 +9,11 @@ Decode, SGLang's real methods on managers, receivers and a DecodeTransferQueue b
 ABORT goes to a fake socket, ``release_kv_cache`` is a no-op): for N requests in flight
 whose destinations were published, one lifecycle is timed phase by phase:
 
-* ``open``      kvfence only: the room opened at ``send_metadata`` (stock has no such step)
-* ``abort``     ``CommonKVReceiver.abort()`` (fan-out to the fake socket)
+* ``open``      kvfence only: what ``send_metadata``'s wrapper adds, the request admitted
+                (``DecodeGate.admit``: its writers and holds kept, a room promised; stock
+                has no such step)
+* ``abort``     ``CommonKVReceiver.abort()`` (fan-out to the fake socket); kvfence opens
+                the admitted request's room here
 * ``pop``       ``DecodeTransferQueue.pop_transferred()`` with N Failed polls -> N held
 * ``scan_first`` the first ``resolve_deferred_releases()`` after the pop, N held, none
                 releasable (kvfence checks each new entry once here), per held request
@@ -27,8 +30,8 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 whole cost in the release path, the per-iteration scans not included
 * ``success_clear`` the normal path (the transfer succeeded): ``receiver.clear()`` with
                 the room's status Success, which SGLang's ``pop_transferred`` calls
-                through ``_commit_transfer_to_req`` (kvfence adds ``finish_drained``
-                there, and ``open`` above at ``send_metadata``); per request
+                through ``_commit_transfer_to_req`` (kvfence forgets the admission
+                there, and adds ``open`` above at ``send_metadata``); per request
 * ``success_drain`` the scheduler iteration after those clears:
                 ``resolve_deferred_releases()`` with nothing held, where kvfence takes
                 whatever the finished rooms left to drain; per request
@@ -187,7 +190,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     t0 = time.perf_counter()
     if gate is not None:
         for d in reqs:
-            gate.open_room(d.kv_receiver, pages, 0, None)
+            gate.admit(d.kv_receiver, pages, 0, None)
     t["open"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for d in reqs:
@@ -259,7 +262,7 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
     pages = np.arange(16, dtype=np.int32)
     if gate is not None:
         for r in receivers:
-            gate.open_room(r, pages, 0, None)
+            assert gate.admit(r, pages, 0, None)
     t: Dict[str, float] = {}
     t["idle_scan"] = _median_call(q.resolve_deferred_releases, 5)
     t0 = time.perf_counter()
@@ -271,9 +274,10 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
     q.resolve_deferred_releases()
     t["success_drain"] = (time.perf_counter() - t0) / n
     if gate is not None:
-        # Every room finished (released, reason "finished"): nothing left open or held.
-        assert not gate.records and not gate.room_handle and not gate.decided, gate
-        assert not gate.table.queued_releases()
+        # Every admission forgotten at the clear, no room ever opened: nothing left.
+        assert not gate.admitted and not gate.records and not gate.room_handle, gate
+        assert not gate.decided and not gate.table.queued_releases()
+        assert gate.table.stats()["rooms_owned"] == 0
     return t
 
 

@@ -44,7 +44,9 @@ class Config:
 
     * ``rooms`` (``KVFENCE_SGLANG_ROOMS``, 65536): rooms per kvfence table, one table per
       SGLang KV manager; more requests than this in flight at once fail cleanly at
-      ``send_metadata`` (decode) or ``add_transfer_request`` (prefill).
+      ``send_metadata`` (decode: requests in flight plus aborted ones still held; each
+      request in flight is promised the room its abort would open) or
+      ``add_transfer_request`` (prefill).
     * ``quarantine_after`` (``KVFENCE_SGLANG_QUARANTINE_AFTER``, ``never``): the
       quarantine policy. An aborted room whose writers neither ACKed nor were fenced for
       this many seconds is quarantined: its pages, metadata slot and request slot are

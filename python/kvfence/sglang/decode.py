@@ -8,15 +8,20 @@ decode ``MooncakeKVManager``. The wrappers below are installed by
 ============================================  =================================================
 SGLang method (0.5.23)                        what kvfence adds
 ============================================  =================================================
-``CommonKVReceiver.send_metadata``            opens the room *before* the metadata goes out:
-                                              writers = the prefill ranks the request's
-                                              destinations were sent to; it holds the KV
-                                              pages, the metadata row and the state slots
-                                              (counted; ``_do_release`` frees them together)
-``CommonKVReceiver._send_abort_notification`` ``abort`` on the room; the ABORT carries the
-                                              room's kvfence handle as its generation
-                                              (SGLang's own generation counter is set so
-                                              that the generation it arms is the handle)
+``CommonKVReceiver.send_metadata``            *admits* the request before the metadata goes
+                                              out: its writers (the prefill ranks its
+                                              destinations are sent to) and what its room
+                                              will hold (the KV pages, the metadata row and
+                                              the state slots, which ``_do_release`` frees
+                                              together), and a room promised to it; refused
+                                              (the request fails, nothing sent) if the
+                                              table cannot promise one
+``CommonKVReceiver._send_abort_notification`` opens the admitted request's room (writers
+                                              fenced since left out) and ``abort`` s it;
+                                              the ABORT carries the room's kvfence handle
+                                              as its generation (SGLang's own generation
+                                              counter is set so that the generation it arms
+                                              is the handle)
 ``CommonKVManager.note_abort_ack``            ``quiesce(handle, rank)`` (ABORT_ACK = quiesce)
                                               instead of SGLang's ACK set, for a room
                                               kvfence holds; SGLang's own otherwise
@@ -33,14 +38,23 @@ SGLang method (0.5.23)                        what kvfence adds
                                               ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
                                               says
 ``DecodeTransferQueue._do_release``           a quarantined room's pages are *not* freed
-``CommonKVReceiver._clear``                   ``finish_drained`` after a successful transfer
-                                              (its release returned, not queued)
+``CommonKVReceiver._clear``                   forgets the admission after a successful
+                                              transfer (it never had a room)
 ``CommonKVManager._handle_node_failure``      fences the dead prefill's ranks once its
                                               transport is proven torn down (:mod:`.teardown`)
 ============================================  =================================================
 
 SGLang's cross-rank MIN reduction (``all_reduce_flags`` in ``resolve_deferred_releases``)
 is untouched: kvfence's decision is the per-rank ``is_drained`` it reduces.
+
+Why the room opens at the abort and not at ``send_metadata`` (docs/DESIGN.md section 8,
+"The SGLang decode room opens at the abort"): SGLang can free an admitted request's pages only through its
+release path, which every held request reaches through ``_send_abort_notification``
+(``abort()``, the WaitingForInput timeout, a Failed poll's
+``ensure_abort_notified(force_arm=True)``, ``_clear`` with deferred allocation); until then
+a room would sit ``Owned`` with every writer pending (an ACK answers only an ABORT), which
+is the state the room opened at the abort starts in. A successful request (the common
+case) then costs no room at all.
 """
 
 from __future__ import annotations
@@ -61,8 +75,9 @@ from .teardown import mooncake_tcp_torn_down
 __all__ = ["DecodeGate", "RoomRecord", "patches"]
 
 class RoomRecord(NamedTuple):
-    """What the gate knows of one open room (immutable: made once per request, at
-    ``send_metadata``; its abort time is kept in :attr:`DecodeGate.aborted`)."""
+    """What the gate knows of one open room (immutable: made once per aborted request,
+    when its room opens at the abort; its abort time is kept in
+    :attr:`DecodeGate.aborted`)."""
 
     room: int
     addr: str
@@ -81,16 +96,24 @@ class RoomRecord(NamedTuple):
         return n
 
 
-class _Writers(NamedTuple):
-    """One prefill instance's writer set (``DecodeGate.writer_cache``)."""
+class _Writers:
+    """One prefill instance's writer set (``DecodeGate.writer_cache``), and how many
+    admitted requests wait on it (their rooms not opened, their transfers not done)."""
 
-    info: Any  # the instance's prefill_info (kept: its id is the cache key)
-    addr: str
-    cps: List[int]  # copies of the target ranks it was computed from
-    tps: List[int]
-    pps: List[int]
-    writers: List[int]  # kvfence ids
-    rank_of: Dict[int, int]  # SGLang prefill rank -> kvfence id
+    __slots__ = ("info", "addr", "cps", "tps", "pps", "writers", "rank_of", "infos", "error",
+                 "admitted")
+
+    def __init__(self, info: Any, addr: str, cps: List[int], tps: List[int], pps: List[int],
+                 writers: List[int], rank_of: Dict[int, int], infos: Any,
+                 error: Optional[str]) -> None:
+        self.info = info  # the instance's prefill_info (kept: its id is the cache key)
+        self.addr = addr
+        self.cps, self.tps, self.pps = cps, tps, pps  # copies of the target ranks used
+        self.writers = writers  # kvfence ids
+        self.rank_of = rank_of  # SGLang prefill rank -> kvfence id
+        self.infos = infos  # the first receiver's bootstrap_infos (the ranks' endpoints)
+        self.error = error  # why kvfence cannot open a room for this set (None: it can)
+        self.admitted = 0  # requests admitted with this set, not yet opened or succeeded
 
 
 # ``RoomRecord(...)`` runs the NamedTuple's Python ``__new__``; the per-request path builds
@@ -114,6 +137,12 @@ class DecodeGate:
     aborted: Dict[int, float] = field(default_factory=dict)
     writer_cache: Dict[int, "_Writers"] = field(default_factory=dict)  # id(prefill_info) -> writers
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # admitted requests whose room is not open and whose transfer has not succeeded (each
+    # receiver's admission is its `_kvfence_admitted`; the scheduler thread counts)
+    admitted: int = 0
+    old_sets: List["_Writers"] = field(default_factory=list)  # replaced, still admitted to
+    capacity: int = 0  # the table's rooms (set from it)
+    unguarded_rooms: int = 0  # aborted requests whose room the table refused (not expected)
     fenced_ranks: int = 0
     quarantined_rooms: int = 0
     quarantined_pages: int = 0
@@ -122,14 +151,33 @@ class DecodeGate:
     proof: Callable[[str, List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
     managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
 
+    def __post_init__(self) -> None:
+        self.capacity = self.table.rooms
+
     def __hash__(self) -> int:
         return id(self)
 
     # -- scheduler thread ------------------------------------------------------------
-    def open_room(self, receiver: Any, kv_indices: Any, aux_index: Optional[int],
-                  state_indices: Optional[List[Any]]) -> Optional[int]:
-        """Opens the room of ``receiver``; ``None`` (and the room is failed, nothing
-        sent) if kvfence refuses it."""
+    def admit(self, receiver: Any, kv_indices: Any, aux_index: Optional[int],
+              state_indices: Optional[List[Any]]) -> bool:
+        """``send_metadata``: admits the request whose destinations are about to go out.
+        Its room opens only if it is aborted (:meth:`open_admitted`, at
+        ``_send_abort_notification``); a request that succeeds never needs one. ``False``
+        (and the request is failed, nothing sent) if kvfence refuses it: its table could
+        not give it a room at the abort (every room in use or promised), or its writer set
+        is one kvfence cannot open a room for (the error is logged).
+
+        Why a room opened at the abort is the room opened here (docs/DESIGN.md section 8,
+        "The SGLang decode room opens at the abort"): until the ABORT goes out nothing can quiesce a writer (an ACK only
+        answers an ABORT) and the room would be ``Owned`` with every writer pending but
+        the fenced ones; :meth:`open_admitted` opens it in exactly that state, with the
+        writer ids chosen here (so a fence of this instance since then counts)."""
+        # A room for every admitted request and every record: an open at the abort is then
+        # never refused for want of one (the table's occupied rooms are a subset of the
+        # records: a released room's slot is free before its record is forgotten).
+        if self.admitted + len(self.records) >= self.capacity:
+            self._refuse(receiver, "every room is in use or promised (%d)" % self.capacity)
+            return False
         info = receiver.prefill_info
         addr = receiver.bootstrap_addr
         cps, tps, pps = receiver.target_cp_ranks, receiver.target_tp_ranks, receiver.target_pp_ranks
@@ -141,23 +189,69 @@ class DecodeGate:
         c = self.writer_cache.get(id(info))
         if c is None or c.info is not info or c.addr != addr or c.cps != cps \
                 or c.tps != tps or c.pps != pps:
-            c = self._writers(info, addr, cps, tps, pps)
-        room = receiver.bootstrap_room
-        try:
-            h = self.table.open(c.writers, None, room & 0xFFFF_FFFF_FFFF_FFFF)
-        except kvfence.Error as e:
-            mgr = receiver.kv_mgr
-            mgr.record_failure(room, "kvfence refused the room: %s" % e)
-            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            c = self._writers(info, addr, cps, tps, pps, receiver.bootstrap_infos)
+        if c.error is not None:
+            self._refuse(receiver, c.error)
+            return False
+        # The admission is an attribute of the receiver (a dict of them, measured on the
+        # dev box: ~0.2 us more per request), dropped at the room's open or the request's
+        # success; the counts are what the capacity check and a fence need of them.
+        old = getattr(receiver, _ADMITTED, None)
+        receiver._kvfence_admitted = (c, (kv_indices, aux_index, state_indices))
+        if old is None:
+            c.admitted += 1
+            self.admitted += 1
+        else:  # sent again before an abort or success: one admission, the new holds
+            old[0].admitted -= 1
+            c.admitted += 1
+        return True
 
-            mgr.update_status(room, KVPoll.Failed)
+    def _refuse(self, receiver: Any, why: str) -> None:
+        room = receiver.bootstrap_room
+        mgr = receiver.kv_mgr
+        mgr.record_failure(room, "kvfence refused the room: %s" % why)
+        from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        mgr.update_status(room, KVPoll.Failed)
+
+    def open_admitted(self, receiver: Any) -> Optional[int]:
+        """The abort of an admitted request: opens its room (writers: the admitted set
+        minus any rank fenced since, whose transport is torn down: it can write nothing
+        more) and returns its handle. ``None`` if the request was not admitted (or its
+        transfer succeeded), or if the table refused the room (not expected: see
+        :meth:`admit`), which is logged and counted (``unguarded_rooms``): SGLang's own
+        ACK count then decides, its deadline still infinite, so time releases nothing."""
+        a = getattr(receiver, _ADMITTED, None)
+        if a is None:
+            return None
+        c, holds = a
+        receiver._kvfence_admitted = None
+        c.admitted -= 1
+        self.admitted -= 1
+        room = receiver.bootstrap_room
+        writers = c.writers
+        while True:
+            try:
+                h = self.table.open(writers, None, room & 0xFFFF_FFFF_FFFF_FFFF)
+                break
+            except kvfence.RankFenced as e:
+                if e.rank not in writers:
+                    why = str(e)
+                else:
+                    writers = [w for w in writers if w != e.rank]
+                    continue
+            except kvfence.Error as e:
+                why = str(e)
+            self.unguarded_rooms += 1
+            logger.error("kvfence: cannot open the room of aborted request %s (prefill %s): "
+                         "%s; SGLang's own ABORT_ACK count decides its release (never a "
+                         "deadline)", room, c.addr, why)
             return None
         # SGLang frees the pages itself (_do_release): kvfence keeps references to what
         # the room holds (counted only for the metrics and the quarantine log), never a
         # copy of the ids (measured: 16 ids converted in at open and out at the release
         # cost ~1.4 us per aborted request; counting them here, ~0.3 us).
-        rec = _new_record(RoomRecord, (room, addr, c.writers,
-                                       (kv_indices, aux_index, state_indices),
+        rec = _new_record(RoomRecord, (room, c.addr, writers, holds,
                                        receiver.bootstrap_infos, c.rank_of))
         # Single dict operations are atomic under the GIL; every writer of these dicts
         # runs on the scheduler thread, the ACK and heartbeat threads only read them.
@@ -166,8 +260,16 @@ class DecodeGate:
         receiver._kvfence_handle = h
         return h
 
+    def open_room(self, receiver: Any, kv_indices: Any, aux_index: Optional[int],
+                  state_indices: Optional[List[Any]]) -> Optional[int]:
+        """:meth:`admit` and :meth:`open_admitted` at once: the room of ``receiver``, open
+        now (``None`` if refused)."""
+        if not self.admit(receiver, kv_indices, aux_index, state_indices):
+            return None
+        return self.open_admitted(receiver)
+
     def _writers(self, info: Any, addr: str, cps: List[int], tps: List[int],
-                 pps: List[int]) -> "_Writers":
+                 pps: List[int], infos: Any) -> "_Writers":
         """The kvfence ids of the prefill ranks a request's destinations go to, as their
         ACKs name them (``_prefill_unique_rank = attn_tp_rank*(pp*cp) + pp_rank*cp +
         cp_rank``); cached per prefill instance."""
@@ -176,28 +278,33 @@ class DecodeGate:
             for cp in cps for tp in tps for pp in pps
         })
         ids = self.ranks.ids(addr, unique)
-        # One entry per instance: an info SGLang replaced (a re-bootstrap) is dropped.
+        # One entry per instance: an info SGLang replaced (a re-bootstrap) is dropped (kept
+        # aside while requests admitted with it wait: a fence of the instance needs them).
+        self.old_sets = [o for o in self.old_sets if o.admitted > 0]
         for k, old in list(self.writer_cache.items()):
             if old.addr == addr and old.info is not info:
                 del self.writer_cache[k]
-        c = self.writer_cache[id(info)] = _Writers(
-            info, addr, list(cps), list(tps), list(pps), ids, dict(zip(unique, ids)))
-        return c
-
-    def finish(self, h: int) -> None:
-        """A successful transfer: every writer rank reported Success, which it sends only
-        after its last write (KV, metadata row, state) returned complete: that is each
-        rank's quiescence. ``finish_drained`` finishes the room and quiesces every writer
-        in one call, and returns the release (reason ``finished``; SGLang keeps the pages
-        for the request) instead of queueing it: the record is dropped here, and the next
-        scheduler iteration has nothing of this request to drain (measured: that drain
-        cost ~1.6 us per request, its ``Released`` object and the loop)."""
+                if old.admitted > 0:
+                    self.old_sets.append(old)
+        # Whether kvfence can open a room for this set at all (too many writers, say):
+        # found out once per instance by opening one, not at a request's abort, when it
+        # would be too late to refuse the request cleanly. (admit() checked that a room is
+        # free.)
+        error: Optional[str] = None
         try:
-            if not self.table.finish_drained(h):
-                return  # not released by this call: the drain takes its release
-        except _ROOM_GONE:
-            return
-        self.forget(h)
+            probe = self.table.open(ids, None, 0)
+        except kvfence.TableFull:
+            pass
+        except kvfence.Error as e:
+            error = "writer set %s of prefill %s: %s" % (ids, addr, e)
+            logger.error("kvfence: %s", error)
+        else:
+            # Released by this call, or queued (the drain forgets a "finished" release).
+            self.table.finish_drained(probe)
+        c = self.writer_cache[id(info)] = _Writers(
+            info, addr, list(cps), list(tps), list(pps), ids, dict(zip(unique, ids)),
+            infos, error)
+        return c
 
     def drain(self) -> None:
         """Takes every release kvfence decided; applies the quarantine policy (its scan
@@ -218,8 +325,8 @@ class DecodeGate:
         decided = self.decided
         for h, why in self.table.drain_reasons():
             if why == "finished":
-                # Rare: a racing fence took the last clear of finish_drained. SGLang keeps
-                # the pages (the request succeeded); only the record goes.
+                # Not a request's room: the probe of a new writer set (_writers), whose
+                # release finish_drained queued. Nothing to free.
                 self.forget(h)
             else:
                 decided[h] = why
@@ -254,25 +361,39 @@ class DecodeGate:
         proven torn down (a thread polls the proof; a live prefill is never fenced)."""
         host, _, port = addr.rpartition(":")
         eps: Set[Tuple[str, int]] = {(host, int(port))}
-        for rec in list(self.records.values()):
-            if rec.addr == addr:
-                for b in rec.infos or ():
-                    if b.get("rank_port"):
-                        eps.add((str(b.get("rank_ip")), int(b.get("rank_port"))))
+        sets = [c for c in list(self.writer_cache.values()) + list(self.old_sets)
+                if c.addr == addr]
+        infos = [rec.infos for rec in list(self.records.values()) if rec.addr == addr]
+        infos += [c.infos for c in sets]
+        for bi in infos:
+            for b in bi or ():
+                if b.get("rank_port"):
+                    eps.add((str(b.get("rank_ip")), int(b.get("rank_port"))))
         ranks = self.retire(addr)
         if not ranks:
             return
+        fenced = set(ranks)
+
+        def waits() -> bool:
+            # An open room not yet released, or an admitted request (its room opens at
+            # its abort, with these ranks unless they are fenced by then), writes to them.
+            decided = self.decided
+            return any(c.admitted > 0 for c in sets) \
+                or any(not fenced.isdisjoint(rec.writers)
+                       for h, rec in list(self.records.items()) if h not in decided)
 
         def fence_when_torn_down() -> None:
             t0 = time.monotonic()
+            idle = 0
             while True:
-                decided = self.decided
-                waiting = any(set(rec.writers) & set(ranks)
-                              for h, rec in list(self.records.items()) if h not in decided)
-                if not waiting:
+                # Gone only when seen idle twice, a poll apart: a request the scheduler
+                # thread was admitting with these ranks when they were retired is
+                # counted (`admitted`) by the second look.
+                idle = 0 if waits() else idle + 1
+                if idle >= 2:
                     logger.info("kvfence: prefill %s declared dead; no room waits on it", addr)
                     return
-                if self.proof(host, sorted(eps)):
+                if idle == 0 and self.proof(host, sorted(eps)):
                     break
                 time.sleep(_state.config.teardown_poll)
             self.fence(addr, ranks, "transport torn down %.2f s after the heartbeat failure"
@@ -309,6 +430,7 @@ _monotonic = time.monotonic
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 _ERROR = kvfence.Error
 _HANDLE = "_kvfence_handle"  # the room's kvfence handle, an attribute of its receiver
+_ADMITTED = "_kvfence_admitted"  # a receiver's admission: (writers, holds), or None
 # Wrappers read these with getattr(obj, name, None), never through obj.__dict__: in CPython
 # 3.11+ touching an instance's __dict__ moves its attributes out of the inline values
 # into a dict, and every attribute load of SGLang's own code on that object gets slower
@@ -344,7 +466,7 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
                       state_indices: Optional[List[Any]] = None, *a: Any, **kw: Any) -> Any:
         gate = getattr(self.kv_mgr, _KEY, None)
         if gate is not None and getattr(self, "bootstrap_infos", None) is not None:
-            if gate.open_room(self, kv_indices, aux_index, state_indices) is None:
+            if not gate.admit(self, kv_indices, aux_index, state_indices):
                 return None
         return orig(self, kv_indices, aux_index, state_indices, *a, **kw)
     return send_metadata
@@ -352,13 +474,25 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _send_abort_notification(self: Any, *, force_arm: bool = False) -> Any:
-        h = getattr(self, _HANDLE, None)
-        if h is None:
-            return orig(self, force_arm=force_arm)
         mgr = self.kv_mgr
         gate = getattr(mgr, _KEY, None)
         if gate is None:
             return orig(self, force_arm=force_arm)
+        h = getattr(self, _HANDLE, None)
+        if h is None:
+            if getattr(self, _ADMITTED, None) is None:
+                # Not admitted (no metadata went out under kvfence, or the transfer
+                # succeeded): SGLang's own.
+                return orig(self, force_arm=force_arm)
+            # The first abort of an admitted request: its room opens now, before the
+            # ABORT goes out (the ACK that answers it must find the room).
+            h = gate.open_admitted(self)
+            if h is None:
+                # The table refused the room (logged, counted; not expected): SGLang's own
+                # ACK count decides, armed (destinations went out) whatever the flag says,
+                # its deadline infinite (resolve_deferred_releases).
+                mgr.enable_deferred_decode_kv_release = True
+                return orig(self, force_arm=True)
         # The room's abort time (once; the quarantine policy reads it), then kvfence's abort.
         aborted = gate.aborted
         if h not in aborted and h in gate.records:
@@ -576,23 +710,20 @@ _SUCCESS: Any = None  # KVPoll.Success (set by patches(), which imports SGLang)
 
 def _clear(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _clear(self: Any) -> Any:
-        h = getattr(self, _HANDLE, None)
-        if h is None:
-            return orig(self)
-        mgr = self.kv_mgr
-        gate = getattr(mgr, _KEY, None)
-        if gate is None:
-            return orig(self)
-        if h in gate.aborted or h not in gate.records:
-            # Aborted or released (every clear of the release path): nothing to finish.
-            # orig cannot make a room live again, so the check may come first.
-            return orig(self)
-        success = mgr.request_status.get(self.bootstrap_room) == _SUCCESS
-        out = orig(self)
-        # (SGLang's _clear touches no kvfence state: the room is still live here.)
-        if success:
-            gate.finish(h)
-        return out
+        a = getattr(self, _ADMITTED, None)
+        # A successful transfer: every writer reported Success, which it sends only after
+        # its last write (KV, metadata row, state) returned complete. The request was
+        # admitted but never aborted, so it has no room: it is only forgotten (a later
+        # abort() of it is SGLang's own). A failed one stays admitted: SGLang's
+        # failure_exception() clears before ensure_abort_notified() opens its room.
+        if a is not None:
+            mgr = self.kv_mgr
+            gate = getattr(mgr, _KEY, None)
+            if gate is not None and mgr.request_status.get(self.bootstrap_room) == _SUCCESS:
+                self._kvfence_admitted = None
+                a[0].admitted -= 1
+                gate.admitted -= 1
+        return orig(self)
     return _clear
 
 

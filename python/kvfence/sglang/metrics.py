@@ -15,6 +15,9 @@ metric                                     type   meaning
 ``kvfence_sglang_quarantined_pages_total`` count  their pages (never reused)
 ``kvfence_sglang_refused_chunks_total``    count  queued chunks of aborted rooms not written
 ``kvfence_sglang_failed_writes_total``     count  writes that returned -1 (prefill)
+``kvfence_sglang_unguarded_rooms_total``   count  aborted requests whose room kvfence could
+                                                  not open (not expected; SGLang's own ACK
+                                                  count decides, never a deadline)
 =========================================  =====  ==============================================
 """
 
@@ -36,7 +39,7 @@ def values() -> Dict[str, float]:
     overdue_after = _state.config.overdue_after
     v: Dict[str, float] = dict.fromkeys(
         ["held_rooms", "held_pages", "overdue_rooms", "fenced_ranks", "quarantined_rooms",
-         "quarantined_pages", "refused_chunks", "failed_writes"], 0.0)
+         "quarantined_pages", "refused_chunks", "failed_writes", "unguarded_rooms"], 0.0)
     for g in list(_state.decode_gates):
         # The aborted rooms whose pages are not freed yet (open, or released by kvfence
         # and waiting for SGLang's next scan to free them).
@@ -51,6 +54,7 @@ def values() -> Dict[str, float]:
         v["fenced_ranks"] += g.fenced_ranks
         v["quarantined_rooms"] += g.quarantined_rooms
         v["quarantined_pages"] += g.quarantined_pages
+        v["unguarded_rooms"] += g.unguarded_rooms
     for p in list(_state.prefill_gates):
         v["refused_chunks"] += p.refused_chunks
         v["failed_writes"] += p.failed_transfers
@@ -66,6 +70,8 @@ _HELP = {
     "quarantined_pages": ("counter", "Pages quarantined (never reused)"),
     "refused_chunks": ("counter", "Queued chunks of aborted rooms that were not written"),
     "failed_writes": ("counter", "Prefill writes that returned -1 (room never ACKed)"),
+    "unguarded_rooms": ("counter", "Aborted requests whose room kvfence could not open "
+                                   "(SGLang's ACK count decides)"),
 }
 
 
