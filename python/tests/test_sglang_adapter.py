@@ -181,7 +181,8 @@ def test_metrics_are_exported_through_prometheus_client():
         text = prom.generate_latest().decode()
         for name in ("kvfence_sglang_held_pages", "kvfence_sglang_overdue_rooms",
                      "kvfence_sglang_fenced_ranks_total", "kvfence_sglang_quarantined_rooms_total",
-                     "kvfence_sglang_quarantined_pages_total"):
+                     "kvfence_sglang_quarantined_pages_total",
+                     "kvfence_sglang_unguarded_rooms_total"):
             assert name + " " in text, name
     finally:
         metrics.unregister()
