@@ -925,10 +925,21 @@ impl Model {
                 Decision::Queued => out.queued += 1,
             }
         }
-        let (ended, kept): (Vec<Transfer>, Vec<Transfer>) = std::mem::take(&mut self.failed)
+        let (mut ended, kept): (Vec<Transfer>, Vec<Transfer>) = std::mem::take(&mut self.failed)
             .into_iter()
             .partition(|f| f.peer == Some(rank));
         self.failed = kept;
+        // The library keeps one registry entry per (room lifecycle, peer), made at its first
+        // failure, and ends each entry's failures together: a room's releases come in the
+        // order of the rooms' first remaining failures to this peer. (A stable sort by that
+        // order; ending one failure at a time still decides the release at the last.)
+        let first: Vec<(usize, u32)> = ended.iter().fold(Vec::new(), |mut keys, f| {
+            if !keys.contains(&(f.index, f.gen)) {
+                keys.push((f.index, f.gen));
+            }
+            keys
+        });
+        ended.sort_by_key(|f| first.iter().position(|&k| k == (f.index, f.gen)));
         for f in ended {
             out.failed_ended += 1;
             self.room(f.index).failed -= 1;
