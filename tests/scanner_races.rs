@@ -16,16 +16,21 @@
 //! They were first written against the API before issue 10 (with `Config::new` and
 //! `RankSet`), and that version failed on the library before issue 9's fixes (see the
 //! README); this is the same file ported to the current API.
-//! `KVFENCE_STRESS_SCALE` (default 1) multiplies the iteration counts.
+//! The tests run one at a time (a file-wide lock: side by side, their threads would share
+//! the cores and rarely overlap), start each race from a spinning barrier (a sleeping one
+//! wakes its thread microseconds late), and keep racing past their iteration counts, up
+//! to 30 s, while their window was never hit.
+//! `KVFENCE_STRESS_SCALE` (default 1) multiplies the iteration counts and time bounds.
 
 // Real threads by the thousand: far too slow under Miri's interpreter. These races run under
 // ThreadSanitizer instead (scripts/tsan.sh).
 #![cfg(not(miri))]
 
 use kvfence::{Config, Error, Phase, Quiesced, Reason, RoomHandle, RoomTable};
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 fn scale() -> usize {
@@ -33,6 +38,165 @@ fn scale() -> usize {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
+}
+
+/// Serialises this file's tests. Each race needs its threads on cores at the same time;
+/// run side by side (libtest's default), ten races of two to four threads share a 2-core
+/// box and a race's threads rarely overlap (a CI box hit `fence_vs_open`'s window in 0 of
+/// 3000 runs that way, where a serial run hits it in over 90%).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    // A test that failed poisons the lock; the others still run (and report their own).
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How long a race keeps going past its iteration count while its window was never hit.
+const EXTEND: Duration = Duration::from_secs(30);
+
+/// A race's iteration budget: its `min` iterations, then more while the window was never
+/// hit, until [`EXTEND`] has passed since the start (on a loaded box the threads may not
+/// run in parallel for a while). The count printed and checked is the iterations run.
+struct Runs {
+    min: usize,
+    began: Instant,
+}
+
+impl Runs {
+    fn new(min: usize) -> Self {
+        Self {
+            min,
+            began: Instant::now(),
+        }
+    }
+
+    /// Whether iteration `run` (counted from 0) happens, `hits` windows hit so far.
+    fn more(&self, run: usize, hits: usize) -> bool {
+        run < self.min || (hits == 0 && self.began.elapsed() < EXTEND * scale() as u32)
+    }
+}
+
+/// A one-use barrier whose waiters spin (yielding after 100 us) instead of sleeping.
+/// `std::sync::Barrier` puts the early arrivals to sleep, and waking one takes a futex
+/// round trip, microseconds: longer than the short calls raced here, so the thread woken
+/// last often started its call after the other's had ended. Spinning waiters on their own
+/// cores all leave within a cache-line transfer of the last arrival.
+struct SpinBarrier {
+    parties: usize,
+    arrived: AtomicUsize,
+}
+
+impl SpinBarrier {
+    fn new(parties: usize) -> Self {
+        Self {
+            parties,
+            arrived: AtomicUsize::new(0),
+        }
+    }
+
+    fn wait(&self) {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        // Spin, not yield, for the first 100 us: a thread just spawned starts on its
+        // parent's core, and a yield would hand it that core where spinning lets an idle
+        // core take it over.
+        let waiting = Instant::now();
+        while self.arrived.load(Ordering::Acquire) < self.parties {
+            if waiting.elapsed() > Duration::from_micros(100) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+/// The long side of a race, on a thread of its own kept for the whole test, and the short
+/// side landed at every point of it, run after run. [`Partner::start`] asks the partner
+/// thread for one long call, waits until it has begun, then spins for run `k`'s share,
+/// `(k % 17) / 16`, of the long call's typical length (measured beforehand with
+/// [`typical`]): over 17 runs the short call (made by the caller right after) starts with
+/// the long one, all through it, and just past its end; [`Partner::finish`] takes the long
+/// call's result and tickets.
+///
+/// Why a kept thread: a thread spawned per run starts on its parent's core and the two
+/// calls then often run one after the other, not side by side (and a barrier alone
+/// starts both at once, so a short call ends before the long one's first step, or not,
+/// depending on the box: a CI box hit `fence_vs_open`'s window in 0 of 3000 runs).
+struct Partner<'a, R> {
+    go: mpsc::Sender<()>,
+    done: mpsc::Receiver<(R, (u64, u64))>,
+    began: &'a AtomicUsize,
+    asked: Cell<usize>,
+    long: Duration,
+}
+
+impl<R> Partner<'_, R> {
+    fn start(&self, run: usize) {
+        self.asked.set(self.asked.get() + 1);
+        self.go.send(()).expect("the partner thread panicked");
+        // Spin, not sleep, for the first 100 us: the partner wakes on its own core.
+        let waiting = Instant::now();
+        while self.began.load(Ordering::Acquire) < self.asked.get() {
+            if waiting.elapsed() > Duration::from_micros(100) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        let until = Instant::now() + self.long * (run % 17) as u32 / 16;
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
+
+    fn finish(&self) -> (R, (u64, u64)) {
+        self.done.recv().expect("the partner thread panicked")
+    }
+}
+
+/// Runs `body` with a [`Partner`] thread making `long_call` (typically `long` long) on
+/// request. The thread ends with `body` (also when `body` panics: its sender is dropped).
+fn with_partner<R: Send, T>(
+    long: Duration,
+    long_call: impl Fn() -> R + Sync,
+    body: impl FnOnce(&Partner<'_, R>) -> T,
+) -> T {
+    let began = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let (go, go_rx) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel();
+        let (began, long_call) = (&began, &long_call);
+        s.spawn(move || {
+            for () in go_rx {
+                began.fetch_add(1, Ordering::Release);
+                if done_tx.send(timed(long_call)).is_err() {
+                    break;
+                }
+            }
+        });
+        body(&Partner {
+            go,
+            done,
+            began,
+            asked: Cell::new(0),
+            long,
+        })
+    })
+}
+
+/// The median of nine timed calls of `f`.
+fn typical(mut f: impl FnMut()) -> Duration {
+    let mut times: Vec<Duration> = (0..9)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    times[4]
 }
 
 /// One global order of call starts and ends.
@@ -67,7 +231,10 @@ fn report(test: &str, hits: usize, runs: usize) {
     println!("scanner-race {test}: racy window hit in {hits} of {runs} iterations");
     assert!(
         hits > 0,
-        "{test}: the racy window was never hit in {runs} iterations: the test raced nothing"
+        "{test}: the racy window was never hit in {runs} iterations (at least {:?} of \
+         racing; {} CPUs available): the test raced nothing",
+        EXTEND * scale() as u32,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 }
 
@@ -80,6 +247,7 @@ fn report(test: &str, hits: usize, runs: usize) {
 /// `--cfg kvfence_unserialized_readmit`) with "released at once".
 #[test]
 fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
+    let _serial = serial();
     const ROOMS: usize = 1 << 16;
     let t = RoomTable::new(Config::pool(ROOMS, ROOMS + 8)).unwrap();
     // Every room but the last is owned (writer: rank 1, never fenced).
@@ -90,11 +258,14 @@ fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
     let last = *held.iter().max_by_key(|h| h.index()).unwrap();
     assert_eq!(last.index(), ROOMS - 1);
     let _ = t.abort(last).unwrap();
-    let runs = 20 * scale();
+    let budget = Runs::new(20 * scale());
     let mut hits = 0;
-    for run in 0..runs {
+    let mut runs = 0;
+    while budget.more(runs, hits) {
+        let run = runs;
+        runs += 1;
         let fence_done = AtomicBool::new(false);
-        let start = Barrier::new(2);
+        let start = SpinBarrier::new(2);
         let (room, readmit_during_scan) = std::thread::scope(|s| {
             s.spawn(|| {
                 start.wait();
@@ -140,37 +311,44 @@ fn fence_then_readmit_never_strips_a_room_opened_after_the_readmit() {
 /// waiting on a rank that can no longer answer.
 #[test]
 fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
+    let _serial = serial();
     let t = RoomTable::new(Config::pool(4096, 4200)).unwrap();
     // Owned rooms so the scan takes a while around the new one.
     let _background: Vec<_> = (0..4000).map(|_| t.open(&[1], 1).unwrap()).collect();
-    let runs = 3000 * scale();
-    let mut hits = 0;
-    for run in 0..runs {
-        let start = Barrier::new(2);
-        let ((opened, o), (fenced, f)) = std::thread::scope(|s| {
-            let fencer = s.spawn(|| {
-                start.wait();
-                timed(|| t.fence_rank(0).unwrap())
-            });
-            start.wait();
-            let opened = timed(|| t.open(&[0], 1));
-            (opened, fencer.join().unwrap())
-        });
-        hits += usize::from(overlap(o, f));
-        assert!(fenced.released.is_empty());
-        match opened {
-            Ok(room) => {
-                let aborted = t.abort(room.handle).unwrap();
-                assert!(
-                    aborted.fanout.is_empty() && aborted.released.is_some(),
-                    "run {run}: a room opened during a fence waits on the fenced rank"
-                );
-            }
-            Err(Error::RankFenced { rank: 0 }) => {}
-            Err(e) => panic!("run {run}: open: {e}"),
-        }
+    let fence = typical(|| {
+        let _ = t.fence_rank(0).unwrap();
         assert!(t.readmit_rank(0).unwrap());
-    }
+    });
+    let budget = Runs::new(3000 * scale());
+    let mut hits = 0;
+    let mut runs = 0;
+    with_partner(
+        fence,
+        || t.fence_rank(0).unwrap(),
+        |partner| {
+            while budget.more(runs, hits) {
+                let run = runs;
+                runs += 1;
+                partner.start(run);
+                let (opened, o) = timed(|| t.open(&[0], 1));
+                let (fenced, f) = partner.finish();
+                hits += usize::from(overlap(o, f));
+                assert!(fenced.released.is_empty());
+                match opened {
+                    Ok(room) => {
+                        let aborted = t.abort(room.handle).unwrap();
+                        assert!(
+                            aborted.fanout.is_empty() && aborted.released.is_some(),
+                            "run {run}: a room opened during a fence waits on the fenced rank"
+                        );
+                    }
+                    Err(Error::RankFenced { rank: 0 }) => {}
+                    Err(e) => panic!("run {run}: open: {e}"),
+                }
+                assert!(t.readmit_rank(0).unwrap());
+            }
+        },
+    );
     assert_eq!(t.queued_releases(), 0, "a rolled-back open was reported");
     report("fence_vs_open", hits, runs);
 }
@@ -179,14 +357,18 @@ fn fence_vs_open_never_leaves_a_room_waiting_on_a_fenced_rank() {
 /// wake-up), and only once the pages are back in the pool.
 #[test]
 fn wait_released_vs_release_never_loses_a_wake_up() {
+    let _serial = serial();
     const PAGES: usize = 16;
     let t = RoomTable::new(Config::pool(4, PAGES)).unwrap();
-    let runs = 3000 * scale();
+    let budget = Runs::new(3000 * scale());
     let mut hits = 0;
-    for run in 0..runs {
+    let mut runs = 0;
+    while budget.more(runs, hits) {
+        let run = runs;
+        runs += 1;
         let room = t.open(&[0], PAGES).unwrap();
         let _ = t.abort(room.handle).unwrap();
-        let start = Barrier::new(2);
+        let start = SpinBarrier::new(2);
         let (w, a) = std::thread::scope(|s| {
             let acker = s.spawn(|| {
                 start.wait();
@@ -215,18 +397,22 @@ fn wait_released_vs_release_never_loses_a_wake_up() {
 /// back, and never sleeps through the last release.
 #[test]
 fn wait_idle_vs_releases_never_returns_early_or_hangs() {
+    let _serial = serial();
     const ROOMS: usize = 8;
     let t = RoomTable::new(Config::pool(ROOMS, ROOMS * 4)).unwrap();
-    let runs = 1000 * scale();
+    let budget = Runs::new(1000 * scale());
     let mut hits = 0;
-    for run in 0..runs {
+    let mut runs = 0;
+    while budget.more(runs, hits) {
+        let run = runs;
+        runs += 1;
         let rooms: Vec<RoomHandle> = (0..ROOMS)
             .map(|_| t.open(&[0, 1], 4).unwrap().handle)
             .collect();
         for &h in &rooms {
             let _ = t.abort(h).unwrap();
         }
-        let start = Barrier::new(3);
+        let start = SpinBarrier::new(3);
         let ((), w, acks) = std::thread::scope(|s| {
             let ackers: Vec<_> = [0u32, 1]
                 .into_iter()
@@ -264,6 +450,7 @@ fn wait_idle_vs_releases_never_returns_early_or_hangs() {
 /// as long overdue (`closing_for` at most the time since that lifecycle's `abort` began).
 #[test]
 fn stats_vs_lifecycles_reports_each_room_consistently() {
+    let _serial = serial();
     const ROOMS: usize = 4;
     const THREADS: usize = 2;
     let t = RoomTable::new(Config::pool(ROOMS, 64)).unwrap();
@@ -338,11 +525,15 @@ fn stats_vs_lifecycles_reports_each_room_consistently() {
 /// releases into it: every release is delivered exactly once, none is lost.
 #[test]
 fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
+    let _serial = serial();
     const ROOMS: usize = 64;
     let t = RoomTable::new(Config::gate(ROOMS).release_queue(true)).unwrap();
-    let runs = 500 * scale();
+    let budget = Runs::new(500 * scale());
     let mut hits = 0;
-    for run in 0..runs {
+    let mut runs = 0;
+    while budget.more(runs, hits) {
+        let run = runs;
+        runs += 1;
         let rooms: Vec<RoomHandle> = (0..ROOMS as u64)
             .map(|token| t.open_gate(&[0, 1], token, vec![token as u32]).unwrap())
             .collect();
@@ -350,7 +541,7 @@ fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
             let _ = t.abort(h).unwrap();
             let _ = t.quiesce(h, 0).unwrap();
         }
-        let start = Barrier::new(4);
+        let start = SpinBarrier::new(4);
         let done = AtomicBool::new(false);
         let (pushes, drained) = std::thread::scope(|s| {
             let pushers: Vec<_> = [0usize, 1]
@@ -425,35 +616,42 @@ fn queue_drainers_vs_pushes_deliver_each_release_exactly_once() {
 /// ended it, so the room is always released once its writers ACKed.
 #[test]
 fn fence_vs_failed_transfer_never_strands_a_room() {
+    let _serial = serial();
     let t = RoomTable::new(Config::gate(4096)).unwrap();
     // Owned rooms so the fence's scan takes a while before it sweeps the registry.
     let _background: Vec<_> = (0..4000)
         .map(|i| t.open_gate(&[1], i, vec![]).unwrap())
         .collect();
-    let runs = 2000 * scale();
-    let mut hits = 0;
-    for run in 0..runs {
-        let h = t.open_gate(&[], 7, vec![1, 2]).unwrap();
-        let transfer = t.begin_transfer_to(h, 0).unwrap();
-        let _ = t.abort(h).unwrap();
-        let start = Barrier::new(2);
-        let ((failed, fa), (fenced, fe)) = std::thread::scope(|s| {
-            let fencer = s.spawn(|| {
-                start.wait();
-                timed(|| t.fence_rank(0).unwrap())
-            });
-            start.wait();
-            let failed = timed(|| transfer.fail());
-            (failed, fencer.join().unwrap())
-        });
-        hits += usize::from(overlap(fa, fe));
-        let released = usize::from(failed.is_some()) + fenced.released.len();
-        assert_eq!(
-            released, 1,
-            "run {run}: the room of a failed transfer to a fenced peer was released {released} times"
-        );
+    let fence = typical(|| {
+        let _ = t.fence_rank(0).unwrap();
         assert!(t.readmit_rank(0).unwrap());
-    }
+    });
+    let budget = Runs::new(2000 * scale());
+    let mut hits = 0;
+    let mut runs = 0;
+    with_partner(
+        fence,
+        || t.fence_rank(0).unwrap(),
+        |partner| {
+            while budget.more(runs, hits) {
+                let run = runs;
+                runs += 1;
+                let h = t.open_gate(&[], 7, vec![1, 2]).unwrap();
+                let transfer = t.begin_transfer_to(h, 0).unwrap();
+                let _ = t.abort(h).unwrap();
+                partner.start(run);
+                let (failed, fa) = timed(|| transfer.fail());
+                let (fenced, fe) = partner.finish();
+                hits += usize::from(overlap(fa, fe));
+                let released = usize::from(failed.is_some()) + fenced.released.len();
+                assert_eq!(
+                released, 1,
+                "run {run}: the room of a failed transfer to a fenced peer was released {released} times"
+            );
+                assert!(t.readmit_rank(0).unwrap());
+            }
+        },
+    );
     report("fence_vs_failed_transfer", hits, runs);
 }
 
@@ -476,6 +674,7 @@ fn fence_vs_failed_transfer_never_strands_a_room() {
 /// "registered instead of dropping its hold".
 #[test]
 fn failed_transfer_to_a_rank_that_stayed_fenced_drops_its_hold_at_once() {
+    let _serial = serial();
     const RANKS: u64 = 200;
     let t = RoomTable::new(Config::gate(64).max_fenced(RANKS as usize)).unwrap();
     for r in 0..RANKS as u32 {
@@ -576,6 +775,7 @@ fn failed_transfer_to_a_rank_that_stayed_fenced_drops_its_hold_at_once() {
 /// `--cfg kvfence_quarantine_mark_first` with "refused (StaleHandle), yet".
 #[test]
 fn quarantine_vs_last_completion_is_decided_by_one_step() {
+    let _serial = serial();
     const BATCH: usize = 1000;
     let t = RoomTable::new(Config::gate(BATCH)).unwrap();
     let batches = 400 * scale();
@@ -691,15 +891,19 @@ fn quarantine_vs_last_completion_is_decided_by_one_step() {
 /// `--cfg kvfence_finish_drained_skips_writers` with "released 0 times".
 #[test]
 fn finish_drained_vs_fence_releases_each_room_exactly_once() {
+    let _serial = serial();
     const ROOMS: usize = 512;
     let t = RoomTable::new(Config::gate(ROOMS).release_queue(true)).unwrap();
-    let runs = 400 * scale();
+    let budget = Runs::new(400 * scale());
     let (mut hits, mut by_fence) = (0usize, 0usize);
-    for run in 0..runs {
+    let mut runs = 0;
+    while budget.more(runs, hits) {
+        let run = runs;
+        runs += 1;
         let handles: Vec<RoomHandle> = (0..ROOMS)
             .map(|k| t.open_gate(&[0, 1], k as u64, vec![]).unwrap())
             .collect();
-        let start = Barrier::new(2);
+        let start = SpinBarrier::new(2);
         // The scheduler finishes the rooms from the last index down while the fence scans
         // up: they meet somewhere in the table.
         let ((direct, f), (fenced, g)) = std::thread::scope(|s| {
