@@ -25,7 +25,7 @@ for n in (1, 10, 300):
     for on in (False, True):
         b.decode_lifecycle(n, on)
 gate = getattr(b._decode_mgrs[True], "_kvfence_gate")
-assert not gate.records and not gate.decided and not gate.room_handle and not gate.admitted, gate
+assert not gate.records and not gate.decided and not gate.room_handle and not gate.held_for_good, gate
 assert not gate.aborted, gate
 
 # SGLang clears the held list in place (release_memory_occupation) and holds new entries
@@ -98,7 +98,8 @@ recv = SimpleNamespace(bootstrap_addr="127.0.0.1:8997", kv_mgr=mgr, bootstrap_ro
                        prefill_info=SimpleNamespace(pp_size=1, attn_cp_size=1),
                        target_cp_ranks=[0], target_tp_ranks=[0], target_pp_ranks=[0],
                        bootstrap_infos=[{"rank_ip": "127.0.0.1", "rank_port": 7001}])
-h = gate.open_room(recv, np.arange(4, dtype=np.int32), None, None)
+b.send_metadata(True)(recv, np.arange(4, dtype=np.int32), None, None)
+h = gate.open_at_abort(recv)
 assert h is not None
 # Aborted as the abort wrapper does it (the receiver here is not SGLang's, so the wrapper
 # cannot run): kvfence's abort, and the abort time the quarantine policy reads.

@@ -202,7 +202,7 @@ def test_release_path_on_the_real_decode_queue():
     assert p.returncode == 0 and "release path OK" in p.stdout, p.stdout[-2000:] + p.stderr[-4000:]
 
 
-# -- the decode gate's admission (rooms open at the abort), on the gate itself ----------
+# -- the decode gate: a room opens at the abort of a request whose metadata went out -----
 
 from types import SimpleNamespace  # noqa: E402
 import threading  # noqa: E402
@@ -229,97 +229,125 @@ class _Mgr:
         self.request_status[room] = status
 
 
-def _recv(mgr, room):
+def _recv(mgr, room, info=_INFO):
     """A receiver whose destinations go to prefill ranks 0 and 1 of _ADDR."""
     return SimpleNamespace(
-        kv_mgr=mgr, bootstrap_room=room, bootstrap_addr=_ADDR, prefill_info=_INFO,
+        kv_mgr=mgr, bootstrap_room=room, bootstrap_addr=_ADDR, prefill_info=info,
         target_cp_ranks=[0], target_tp_ranks=[0, 1], target_pp_ranks=[0],
         bootstrap_infos=[{"rank_ip": "10.0.0.1", "rank_port": 7000},
                          {"rank_ip": "10.0.0.1", "rank_port": 7001}])
 
 
-def _admit(gate, r):
-    return gate.admit(r, list(range(4)), 0, None)
-
-
-def test_a_successful_request_never_opens_a_room(monkeypatch):
-    """send_metadata admits; a clear with status Success forgets the admission (no room
-    ever opened); a clear of a failed request keeps it for the abort that follows
-    (SGLang's failure_exception() clears first), which opens the room."""
-    gate = kdec.DecodeGate(kvfence.RoomTable(64))
+def _gate(rooms=64):
+    gate = kdec.DecodeGate(kvfence.RoomTable(rooms))
     mgr = _Mgr()
     mgr._kvfence_gate = gate
-    monkeypatch.setattr(kdec, "_SUCCESS", "Success")
-    clear = kdec._clear(lambda self: None)
+    return gate, mgr
+
+
+_sent = []  # what the wrapped send_metadata's SGLang method was called with
+_send = kdec._send_metadata(lambda self, kv, aux, st, *a, **kw: _sent.append(self))
+
+
+def test_a_sent_request_has_no_room_until_its_abort():
+    """send_metadata (the real wrapper, SGLang's method a stub) keeps the writers and
+    holds on the receiver and opens no room; a request never aborted never has one (its
+    success needs nothing more); the abort of a sent one opens it, once."""
+    gate, mgr = _gate()
     rs = [_recv(mgr, i) for i in range(10)]
-    assert all(_admit(gate, r) for r in rs)
-    assert _admit(gate, rs[0])  # sent again: still one admission
-    assert gate.admitted == 10 and gate.table.stats()["rooms_owned"] == 0
-    for r in rs[:9]:
-        mgr.request_status[r.bootstrap_room] = "Success"
-        clear(r)
-    mgr.request_status[9] = "Failed"
-    clear(rs[9])
-    assert gate.admitted == 1 and not gate.records
-    assert gate.table.stats()["rooms_owned"] == 0
-    h = gate.open_admitted(rs[9])
-    assert h is not None and rs[9]._kvfence_handle == h and gate.admitted == 0
+    for r in rs:
+        _send(r, list(range(4)), 0, None)
+    _send(rs[0], list(range(8)), 0, None)  # sent again: the newer holds
+    assert len(_sent) >= 11 and _sent[-1] is rs[0]
+    assert gate.table.stats()["rooms_owned"] == 0 and not gate.records
+    assert rs[0]._kvfence_sent[1][0] == list(range(8))
+    h = gate.open_at_abort(rs[9])
+    assert h is not None and rs[9]._kvfence_handle == h and rs[9]._kvfence_sent is None
     assert gate.records[h].writers == gate.ranks.of(_ADDR) and gate.room_handle[9] == h
-    assert gate.open_admitted(rs[0]) is None  # it succeeded: a later abort is SGLang's own
-    assert gate.table.stats()["rooms_owned"] == 1
+    assert gate.records[h].held_pages == 5
+    assert gate.open_at_abort(rs[9]) is None  # opened once
+    unsent = _recv(mgr, 99)
+    assert gate.open_at_abort(unsent) is None  # nothing went out: SGLang's own
+    assert gate.table.stats()["rooms_owned"] == 1 and gate.unguarded_rooms == 0
 
 
-def test_a_writer_fenced_after_admission_is_left_out_of_its_room():
-    """A rank fenced between a request's admission and its abort (its transport torn
+def test_a_writer_fenced_after_the_send_is_left_out_of_its_room():
+    """A rank fenced between a request's send_metadata and its abort (its transport torn
     down: it writes nothing more) is not a writer of the room opened at the abort; with
-    every writer fenced the room has none, and its abort releases it."""
-    gate = kdec.DecodeGate(kvfence.RoomTable(64))
-    mgr = _Mgr()
+    every writer fenced the room has none, and its abort releases it. The room waits on
+    the ranks the metadata went to, not on those of a returning instance (new ids)."""
+    gate, mgr = _gate()
     r1, r2 = _recv(mgr, 1), _recv(mgr, 2)
-    assert _admit(gate, r1) and _admit(gate, r2)
+    _send(r1, list(range(4)), 0, None)
+    _send(r2, list(range(4)), 0, None)
     ranks = gate.retire(_ADDR)
     assert len(ranks) == 2
     gate.fence(_ADDR, ranks[:1], "test")
-    h1 = gate.open_admitted(r1)
+    r3 = _recv(mgr, 3)  # sent after the retirement: the returning instance's ranks
+    _send(r3, list(range(4)), 0, None)
+    h1 = gate.open_at_abort(r1)
     assert h1 is not None and gate.records[h1].writers == ranks[1:]
     assert gate.table.abort(h1) == ranks[1:]  # only the live writer is told
     gate.fence(_ADDR, ranks[1:], "test")  # releases h1
-    h2 = gate.open_admitted(r2)
+    h2 = gate.open_at_abort(r2)
     assert h2 is not None and gate.records[h2].writers == []
     assert gate.table.abort(h2) == []
+    h3 = gate.open_at_abort(r3)
+    new = gate.records[h3].writers
+    assert len(new) == 2 and not set(new) & set(ranks)
     gate.drain()
     assert gate.decided == {h1: "aborted", h2: "aborted"}
     assert gate.unguarded_rooms == 0
 
 
-def test_admission_promises_a_room_at_the_abort():
-    """Admitted requests and open rooms together never exceed the table: the request
-    past that is refused at send_metadata (failed, nothing sent), so no abort finds the
-    table full."""
-    pytest.importorskip("sglang.srt.disaggregation.base.conn")
-    gate = kdec.DecodeGate(kvfence.RoomTable(2))
-    mgr = _Mgr()
+def test_an_abort_that_finds_the_table_full_holds_the_pages_for_good():
+    """No room promised at send_metadata: an abort finding every room in use opens none,
+    and that request's pages are held for good (never safe to release, counted as
+    quarantined, logged), never released on SGLang's own ACK count or a deadline."""
+    gate, mgr = _gate(rooms=2)
     a, b, c = (_recv(mgr, i) for i in range(3))
-    assert _admit(gate, a) and _admit(gate, b)
-    assert not _admit(gate, c)
-    assert mgr.failed and mgr.failed[-1][0] == 2 and "promised" in mgr.failed[-1][1]
-    assert getattr(c, "_kvfence_admitted", None) is None
-    assert gate.open_admitted(a) is not None and gate.open_admitted(b) is not None
-    assert gate.unguarded_rooms == 0 and gate.admitted == 0
+    for r in (a, b, c):
+        _send(r, list(range(4)), 0, None)
+    assert not mgr.failed  # nothing refused at the send
+    assert gate.open_at_abort(a) is not None and gate.open_at_abort(b) is not None
+    assert gate.open_at_abort(c) is None
+    assert gate.held_for_good == {2: 5}
+    assert gate.unguarded_rooms == 1 and gate.quarantined_rooms == 1
+    assert gate.quarantined_pages == 5
+    safe = kdec._is_abort_release_safe(lambda self, room, acks: True)
+    assert safe(mgr, 2, 1) is False  # SGLang's own count would say yes
+    assert safe(mgr, 77, 1) is True  # not kvfence's: SGLang's own
 
 
-def test_a_fence_waits_for_requests_admitted_to_the_dead_prefill(monkeypatch):
-    """The heartbeat declares a prefill dead while a request to it is admitted (no room
-    yet): the fence thread keeps waiting for the teardown proof instead of deciding that
-    nothing waits on the prefill; once the proof holds it fences, and the request's
-    abort then opens a room with no writer."""
+def test_a_writer_set_kvfence_cannot_gate_is_refused_at_the_send():
+    """A writer set the table cannot open a room for (more writers than a room holds)
+    fails the request at send_metadata: nothing is sent, so nothing needs holding."""
+    pytest.importorskip("sglang.srt.disaggregation.base.conn")
+    gate, mgr = _gate()
+    r = _recv(mgr, 5)
+    r.target_tp_ranks = list(range(80))  # more writers than a room's mask
+    n = len(_sent)
+    assert _send(r, list(range(4)), 0, None) is None
+    assert len(_sent) == n  # SGLang's method was not called
+    assert mgr.failed and mgr.failed[-1][0] == 5 and "writer set" in mgr.failed[-1][1]
+    assert getattr(r, "_kvfence_sent", None) is None
+
+
+def test_a_fence_waits_for_sent_requests_to_the_dead_prefill(monkeypatch):
+    """The heartbeat declares a prefill dead while a request sent to it is not aborted
+    yet (no room): the fence thread keeps waiting for the teardown proof instead of
+    deciding that nothing waits on the prefill; once the proof holds it fences, and the
+    request's abort then opens a room with no writer. A request that SGLang reports
+    successful, or has cleared, is not waited for."""
     monkeypatch.setattr(ks._state, "config", ks.Config(teardown_poll=0.02))
-    gate = kdec.DecodeGate(kvfence.RoomTable(64))
+    monkeypatch.setattr(kdec, "_SUCCESS", "Success")
+    gate, mgr = _gate()
     torn = threading.Event()
     gate.proof = lambda host, eps: torn.is_set()
-    r = _recv(mgr=_Mgr(), room=1)
-    assert _admit(gate, r)
-    gate.node_failed(_ADDR)
+    r = _recv(mgr, 1)
+    _send(r, list(range(4)), 0, None)
+    mgr.request_status = {1: "Failed", 2: "Success"}
+    gate.node_failed(_ADDR, [1, 2, 3], mgr.request_status)
     time.sleep(0.3)  # 15 polls
     name = "kvfence-fence-%s" % _ADDR
     assert gate.fenced_ranks == 0
@@ -329,5 +357,22 @@ def test_a_fence_waits_for_requests_admitted_to_the_dead_prefill(monkeypatch):
     while gate.fenced_ranks < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert gate.fenced_ranks == 2
-    h = gate.open_admitted(r)
+    h = gate.open_at_abort(r)
     assert h is not None and gate.records[h].writers == []
+
+
+def test_a_fence_gives_up_when_no_sent_request_is_left(monkeypatch):
+    """...and with every tracked request successful or cleared, and no room open, the
+    thread ends without a proof (a live prefill is never fenced)."""
+    monkeypatch.setattr(ks._state, "config", ks.Config(teardown_poll=0.02))
+    monkeypatch.setattr(kdec, "_SUCCESS", "Success")
+    gate, mgr = _gate()
+    gate.proof = lambda host, eps: False
+    gate.ranks.ids(_ADDR, [0, 1])
+    gate.node_failed(_ADDR, [1, 2], {2: "Success"})
+    name = "kvfence-fence-%s" % _ADDR
+    deadline = time.monotonic() + 10
+    while any(t.name == name for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == name for t in threading.enumerate())
+    assert gate.fenced_ranks == 0

@@ -1,20 +1,23 @@
-"""A/B in one process: the decode room opened at ``send_metadata`` (the adapter up to
-commit 8e43593, "eager") vs admitted there and opened at the abort (the adapter now,
-"lazy"), on SGLang 0.5.23's own receivers and queue, alternating per round.
+"""A/B in one process: the kvfence.sglang adapter at commit ``--base`` vs the one in this
+checkout, on SGLang 0.5.23's own receivers and queue, alternating per round.
 
     python e2e/sglang/bench/ab_open_at_abort.py [--rounds 5] [--sizes 10,1000,10000]
-                                                [--base 8e43593] [--json]
+                                                [--base faefaf9] [--json]
 
-The eager adapter is the package as it was at ``--base`` (``git show``, loaded beside
-this one as ``kvfence_eager.sglang``: its own wrappers, its own gates; the Rust binding is
-the same). Each round installs one variant (the other uninstalled) and runs
-``bench_release_path.decode_lifecycle`` (an aborted request: open + abort + pop +
-first scan + ACK + release) and ``decode_success`` (a successful one: open + clear + the
-next iteration) max(3, 2000 / N) times; per round the median, then the median over
-rounds and the median of the per-round ratios lazy/eager. For the eager variant "open"
-is its ``open_room`` (what its ``send_metadata`` wrapper ran); for the lazy one
-``admit``, the room's open being part of ``abort``. Stock SGLang runs too (the same
-phases, no kvfence) as the floor both are measured against.
+The base adapter is the package as it was at ``--base`` (``git show``, loaded beside this
+one as ``kvfence_base.sglang``: its own wrappers, its own gates; the Rust binding is the
+same). Each round installs one variant (the other uninstalled) and runs
+``bench_release_path.decode_lifecycle`` (an aborted request: send_metadata + abort + pop
++ first scan + ACK + release) and ``decode_success`` (a successful one: send_metadata +
+clear + the next iteration) max(3, 2000 / N) times; per round the median, then the median
+over rounds and the median of the per-round ratios head/base. "open" is each variant's
+own ``send_metadata`` wrapper around the same stub of SGLang's method. Stock SGLang runs
+too (the same phases, the stub alone) as the floor both are measured against.
+
+Bases measured (e2e/sglang/bench/RESULTS.md): ``8e43593`` (the room opened at
+``send_metadata``) against 14d634d (admitted there, opened at the abort);
+``faefaf9`` (that admission) against the adapter that keeps only the writers and holds
+at ``send_metadata`` and has no ``_clear`` wrapper.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from importlib import import_module
 from typing import Any, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,34 +42,28 @@ from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # noqa: E
 PHASES = ["open", "abort", "lifecycle", "success_clear", "success_drain", "success"]
 
 
-def load_eager(base: str) -> Any:
-    """The adapter package at commit ``base``, importable as ``kvfence_eager.sglang``."""
+def load_base(base: str) -> Any:
+    """The adapter package at commit ``base``, importable as ``kvfence_base.sglang``."""
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=HERE, check=True,
                           capture_output=True, text=True).stdout.strip()
     names = subprocess.run(["git", "ls-tree", "--name-only", base, "python/kvfence/sglang/"],
                            cwd=root, check=True, capture_output=True, text=True).stdout.split()
-    tmp = tempfile.mkdtemp(prefix="kvfence-eager-")
-    pkg = os.path.join(tmp, "kvfence_eager", "sglang")
+    tmp = tempfile.mkdtemp(prefix="kvfence-base-")
+    pkg = os.path.join(tmp, "kvfence_base", "sglang")
     os.makedirs(pkg)
-    open(os.path.join(tmp, "kvfence_eager", "__init__.py"), "w").close()
+    open(os.path.join(tmp, "kvfence_base", "__init__.py"), "w").close()
     for path in names:
         src = subprocess.run(["git", "show", "%s:%s" % (base, path)], cwd=root, check=True,
                              capture_output=True, text=True).stdout
         with open(os.path.join(pkg, os.path.basename(path)), "w") as f:
             f.write(src)
     sys.path.insert(0, tmp)
-    import kvfence_eager.sglang as eager  # type: ignore[import-not-found]
-    from kvfence_eager.sglang import decode as edec  # type: ignore[import-not-found]
+    import kvfence_base.sglang as base_pkg  # type: ignore[import-not-found]
 
-    # What its send_metadata wrapper ran, under the name the benchmark calls.
-    edec.DecodeGate.admit = lambda self, r, kv, aux, st: self.open_room(r, kv, aux, st) is not None
-    edec.DecodeGate.admitted = 0
-    return eager
+    return base_pkg
 
 
 def manager(adapter: Any) -> Any:
-    from importlib import import_module
-
     mgr = MooncakeKVManager.__new__(MooncakeKVManager)
     import_module(adapter.__name__ + ".decode").attach(mgr)
     return mgr
@@ -76,22 +74,24 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="10,1000,10000")
-    ap.add_argument("--base", default="8e43593")
+    ap.add_argument("--base", default="faefaf9")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    lazy = b.ks
-    eager = load_eager(args.base)
-    lazy.install()
+    head = b.ks
+    base = load_base(args.base)
+    head.install()
     b.prefill_manager()  # (also sets up torch.distributed's one-rank group SGLang reduces over)
-    lazy.uninstall()
-    adapters = {"eager": eager, "lazy": lazy}
+    head.uninstall()
+    adapters = {"base": base, "head": head}
     mgrs = {"stock": MooncakeKVManager.__new__(MooncakeKVManager)}
+    sends = {"stock": b.send_metadata(False)}
     for v, a in adapters.items():
         a.install()
         mgrs[v] = manager(a)
+        sends[v] = import_module(a.__name__ + ".decode")._send_metadata(b._sglang_send_metadata)
         a.uninstall()
-    variants = ("stock", "eager", "lazy")
+    variants = ("stock", "base", "head")
     raw: Dict[int, Dict[str, Dict[str, List[float]]]] = {
         n: {v: {p: [] for p in PHASES} for v in variants} for n in sizes}
     for rnd in range(args.rounds):
@@ -101,6 +101,7 @@ def main() -> int:
                 if v != "stock":
                     adapters[v].install()
                 b._decode_mgrs[v != "stock"] = mgrs[v]
+                b.SEND_METADATA[v != "stock"] = sends[v]
                 acc: Dict[str, List[float]] = {p: [] for p in PHASES}
                 for _ in range(max(3, 2000 // n)):
                     life = b.decode_lifecycle(n, v != "stock")
@@ -120,21 +121,24 @@ def main() -> int:
     for n in sizes:
         for p in PHASES:
             r = raw[n]
-            ratios = [z / e for e, z in zip(r["eager"][p], r["lazy"][p]) if e > 0]
+            ratios = [z / e for e, z in zip(r["base"][p], r["head"][p]) if e > 0]
+            over = [z / e for e, z in zip(r["stock"][p], r["head"][p]) if e > 0]
             out.append({"in_flight": n, "phase": p,
                         "stock_us": statistics.median(r["stock"][p]) * 1e6,
-                        "eager_us": statistics.median(r["eager"][p]) * 1e6,
-                        "lazy_us": statistics.median(r["lazy"][p]) * 1e6,
-                        "lazy_over_eager": statistics.median(ratios) if ratios else None})
+                        "base_us": statistics.median(r["base"][p]) * 1e6,
+                        "head_us": statistics.median(r["head"][p]) * 1e6,
+                        "head_over_base": statistics.median(ratios) if ratios else None,
+                        "head_over_stock": statistics.median(over) if over else None})
     if args.json:
         print(json.dumps({"rounds": args.rounds, "base": args.base, "results": out}, indent=1))
     else:
-        print("%9s  %-10s %9s %9s %9s %11s" % ("in flight", "phase", "stock us", "eager us",
-                                              "lazy us", "lazy/eager"))
+        print("%9s  %-13s %9s %9s %9s %10s %11s" % (
+            "in flight", "phase", "stock us", "base us", "head us", "head/base", "head/stock"))
         for x in out:
-            print("%9d  %-10s %9.2f %9.2f %9.2f %11s" % (
-                x["in_flight"], x["phase"], x["stock_us"], x["eager_us"], x["lazy_us"],
-                "%.2fx" % x["lazy_over_eager"] if x["lazy_over_eager"] else "-"))
+            print("%9d  %-13s %9.2f %9.2f %9.2f %10s %11s" % (
+                x["in_flight"], x["phase"], x["stock_us"], x["base_us"], x["head_us"],
+                "%.2fx" % x["head_over_base"] if x["head_over_base"] else "-",
+                "%.2fx" % x["head_over_stock"] if x["head_over_stock"] else "-"))
     os._exit(0)
 
 

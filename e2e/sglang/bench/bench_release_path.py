@@ -9,11 +9,12 @@ Decode, SGLang's real methods on managers, receivers and a DecodeTransferQueue b
 ABORT goes to a fake socket, ``release_kv_cache`` is a no-op): for N requests in flight
 whose destinations were published, one lifecycle is timed phase by phase:
 
-* ``open``      kvfence only: what ``send_metadata``'s wrapper adds, the request admitted
-                (``DecodeGate.admit``: its writers and holds kept, a room promised; stock
-                has no such step)
+* ``open``      ``send_metadata``'s wrapper around a stub of SGLang's method (which would
+                send the metadata: not timed), minus nothing: stock is the stub's call
+                alone; kvfence keeps the request's writers and holds on the receiver
+                (no room, no count)
 * ``abort``     ``CommonKVReceiver.abort()`` (fan-out to the fake socket); kvfence opens
-                the admitted request's room here
+                the room of the request whose metadata went out here
 * ``pop``       ``DecodeTransferQueue.pop_transferred()`` with N Failed polls -> N held
 * ``scan_first`` the first ``resolve_deferred_releases()`` after the pop, N held, none
                 releasable (kvfence checks each new entry once here), per held request
@@ -30,8 +31,8 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 whole cost in the release path, the per-iteration scans not included
 * ``success_clear`` the normal path (the transfer succeeded): ``receiver.clear()`` with
                 the room's status Success, which SGLang's ``pop_transferred`` calls
-                through ``_commit_transfer_to_req`` (kvfence forgets the admission
-                there, and adds ``open`` above at ``send_metadata``); per request
+                through ``_commit_transfer_to_req`` (kvfence adds nothing there: only
+                ``open`` above, at ``send_metadata``); per request
 * ``success_drain`` the scheduler iteration after those clears:
                 ``resolve_deferred_releases()`` with nothing held, where kvfence takes
                 whatever the finished rooms left to drain; per request
@@ -116,6 +117,25 @@ def decode_manager(kvfence_on: bool) -> Any:
     return mgr
 
 
+def _sglang_send_metadata(self: Any, kv_indices: Any, aux_index: Any = None,
+                          state_indices: Any = None, *a: Any, **kw: Any) -> None:
+    """Stands in for SGLang's ``send_metadata`` (which sends over ZMQ: not timed)."""
+
+
+# kvfence_on -> send_metadata as the benchmark calls it (the A/B sets other adapters')
+SEND_METADATA: Dict[bool, Any] = {False: _sglang_send_metadata}
+
+
+def send_metadata(kvfence_on: bool) -> Any:
+    """``send_metadata`` as a server would run it (the wrapper around the stub)."""
+    f = SEND_METADATA.get(kvfence_on)
+    if f is None:
+        from kvfence.sglang import decode as kdec
+
+        f = SEND_METADATA[kvfence_on] = kdec._send_metadata(_sglang_send_metadata)
+    return f
+
+
 def _median_call(f: Any, k: int) -> float:
     """The median time of ``k`` calls of ``f()``."""
     times = []
@@ -186,11 +206,10 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
             kv_receiver=r, metadata_buffer_index=i % 64))
     pages = np.arange(16, dtype=np.int32)
     t: Dict[str, float] = {}
-    gate = getattr(mgr, "_kvfence_gate", None)
+    send = send_metadata(kvfence_on)
     t0 = time.perf_counter()
-    if gate is not None:
-        for d in reqs:
-            gate.admit(d.kv_receiver, pages, 0, None)
+    for d in reqs:
+        send(d.kv_receiver, pages, 0, None)
     t["open"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for d in reqs:
@@ -260,9 +279,9 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
         receivers.append(r)
     gate = getattr(mgr, "_kvfence_gate", None)
     pages = np.arange(16, dtype=np.int32)
-    if gate is not None:
-        for r in receivers:
-            assert gate.admit(r, pages, 0, None)
+    send = send_metadata(kvfence_on)
+    for r in receivers:
+        send(r, pages, 0, None)
     t: Dict[str, float] = {}
     t["idle_scan"] = _median_call(q.resolve_deferred_releases, 5)
     t0 = time.perf_counter()
@@ -274,8 +293,8 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
     q.resolve_deferred_releases()
     t["success_drain"] = (time.perf_counter() - t0) / n
     if gate is not None:
-        # Every admission forgotten at the clear, no room ever opened: nothing left.
-        assert not gate.admitted and not gate.records and not gate.room_handle, gate
+        # No room ever opened: nothing left.
+        assert not gate.records and not gate.room_handle, gate
         assert not gate.decided and not gate.table.queued_releases()
         assert gate.table.stats()["rooms_owned"] == 0
     return t

@@ -171,7 +171,7 @@ def snapshot() -> Dict[str, Any]:
                     "quarantined_pages": g.quarantined_pages,
                     "fenced_ranks": g.fenced_ranks, "fenced": s["fenced"],
                     "records": len(g.records), "decided": len(g.decided),
-                    "admitted": g.admitted, "unguarded_rooms": g.unguarded_rooms,
+                    "held_for_good": len(g.held_for_good), "unguarded_rooms": g.unguarded_rooms,
                     "ignored_acks": g.ignored_acks})
     pre: List[Dict[str, Any]] = []
     for p in list(_state.prefill_gates):

@@ -43,10 +43,12 @@ class Config:
     """What the adapter may be told (environment variable in brackets).
 
     * ``rooms`` (``KVFENCE_SGLANG_ROOMS``, 65536): rooms per kvfence table, one table per
-      SGLang KV manager; more requests than this in flight at once fail cleanly at
-      ``send_metadata`` (decode: requests in flight plus aborted ones still held; each
-      request in flight is promised the room its abort would open) or
-      ``add_transfer_request`` (prefill).
+      SGLang KV manager. Prefill: a room per request in flight; the one past that fails
+      cleanly at ``add_transfer_request``. Decode: a room per aborted request still held
+      (a successful one never has one); keep it at least the decode's request pool
+      (``--max-running-requests`` plus its pre-allocation), which bounds the requests
+      held at once: an abort that still finds no room free holds that request's pages
+      for good (logged, counted, never released).
     * ``quarantine_after`` (``KVFENCE_SGLANG_QUARANTINE_AFTER``, ``never``): the
       quarantine policy. An aborted room whose writers neither ACKed nor were fenced for
       this many seconds is quarantined: its pages, metadata slot and request slot are

@@ -8,16 +8,18 @@ decode ``MooncakeKVManager``. The wrappers below are installed by
 ============================================  =================================================
 SGLang method (0.5.23)                        what kvfence adds
 ============================================  =================================================
-``CommonKVReceiver.send_metadata``            *admits* the request before the metadata goes
-                                              out: its writers (the prefill ranks its
-                                              destinations are sent to) and what its room
-                                              will hold (the KV pages, the metadata row and
-                                              the state slots, which ``_do_release`` frees
-                                              together), and a room promised to it; refused
-                                              (the request fails, nothing sent) if the
-                                              table cannot promise one
-``CommonKVReceiver._send_abort_notification`` opens the admitted request's room (writers
-                                              fenced since left out) and ``abort`` s it;
+``CommonKVReceiver.send_metadata``            keeps, on the receiver and before the metadata
+                                              goes out, what the request's room would be:
+                                              its writers (the prefill ranks its
+                                              destinations are sent to) and what it holds
+                                              (the KV pages, the metadata row and the state
+                                              slots, which ``_do_release`` frees together);
+                                              no room, no count. Refused (the request fails,
+                                              nothing sent) only if kvfence cannot open a
+                                              room for that writer set at all
+``CommonKVReceiver._send_abort_notification`` opens the room of a request whose metadata
+                                              went out (writers fenced since left out) and
+                                              ``abort`` s it;
                                               the ABORT carries the room's kvfence handle
                                               as its generation (SGLang's own generation
                                               counter is set so that the generation it arms
@@ -38,8 +40,6 @@ SGLang method (0.5.23)                        what kvfence adds
                                               ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
                                               says
 ``DecodeTransferQueue._do_release``           a quarantined room's pages are *not* freed
-``CommonKVReceiver._clear``                   forgets the admission after a successful
-                                              transfer (it never had a room)
 ``CommonKVManager._handle_node_failure``      fences the dead prefill's ranks once its
                                               transport is proven torn down (:mod:`.teardown`)
 ============================================  =================================================
@@ -48,13 +48,13 @@ SGLang's cross-rank MIN reduction (``all_reduce_flags`` in ``resolve_deferred_re
 is untouched: kvfence's decision is the per-rank ``is_drained`` it reduces.
 
 Why the room opens at the abort and not at ``send_metadata`` (docs/DESIGN.md section 8,
-"The SGLang decode room opens at the abort"): SGLang can free an admitted request's pages only through its
+"The SGLang decode room opens at the abort"): SGLang can free a sent request's pages only through its
 release path, which every held request reaches through ``_send_abort_notification``
 (``abort()``, the WaitingForInput timeout, a Failed poll's
 ``ensure_abort_notified(force_arm=True)``, ``_clear`` with deferred allocation); until then
 a room would sit ``Owned`` with every writer pending (an ACK answers only an ABORT), which
 is the state the room opened at the abort starts in. A successful request (the common
-case) then costs no room at all.
+case) then costs no room, no count and no other wrapper: only what ``send_metadata`` keeps.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 import kvfence
 
@@ -97,11 +97,10 @@ class RoomRecord(NamedTuple):
 
 
 class _Writers:
-    """One prefill instance's writer set (``DecodeGate.writer_cache``), and how many
-    admitted requests wait on it (their rooms not opened, their transfers not done)."""
+    """One prefill instance's writer set (``DecodeGate.writer_cache``): the kvfence ids
+    of the ranks a request's destinations go to, shared by every request to it."""
 
-    __slots__ = ("info", "addr", "cps", "tps", "pps", "writers", "rank_of", "infos", "error",
-                 "admitted")
+    __slots__ = ("info", "addr", "cps", "tps", "pps", "writers", "rank_of", "infos", "error")
 
     def __init__(self, info: Any, addr: str, cps: List[int], tps: List[int], pps: List[int],
                  writers: List[int], rank_of: Dict[int, int], infos: Any,
@@ -113,7 +112,6 @@ class _Writers:
         self.rank_of = rank_of  # SGLang prefill rank -> kvfence id
         self.infos = infos  # the first receiver's bootstrap_infos (the ranks' endpoints)
         self.error = error  # why kvfence cannot open a room for this set (None: it can)
-        self.admitted = 0  # requests admitted with this set, not yet opened or succeeded
 
 
 # ``RoomRecord(...)`` runs the NamedTuple's Python ``__new__``; the per-request path builds
@@ -136,11 +134,10 @@ class DecodeGate:
     # the room's pages. What the quarantine policy and the held/overdue metrics read.
     aborted: Dict[int, float] = field(default_factory=dict)
     writer_cache: Dict[int, "_Writers"] = field(default_factory=dict)  # id(prefill_info) -> writers
+    # bootstrap_room -> its pages, for aborted requests whose room the table refused (no
+    # room free: see open_at_abort): held for good, never released (not expected)
+    held_for_good: Dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # admitted requests whose room is not open and whose transfer has not succeeded (each
-    # receiver's admission is its `_kvfence_admitted`; the scheduler thread counts)
-    admitted: int = 0
-    old_sets: List["_Writers"] = field(default_factory=list)  # replaced, still admitted to
     capacity: int = 0  # the table's rooms (set from it)
     unguarded_rooms: int = 0  # aborted requests whose room the table refused (not expected)
     fenced_ranks: int = 0
@@ -158,55 +155,12 @@ class DecodeGate:
         return id(self)
 
     # -- scheduler thread ------------------------------------------------------------
-    def admit(self, receiver: Any, kv_indices: Any, aux_index: Optional[int],
-              state_indices: Optional[List[Any]]) -> bool:
-        """``send_metadata``: admits the request whose destinations are about to go out.
-        Its room opens only if it is aborted (:meth:`open_admitted`, at
-        ``_send_abort_notification``); a request that succeeds never needs one. ``False``
-        (and the request is failed, nothing sent) if kvfence refuses it: its table could
-        not give it a room at the abort (every room in use or promised), or its writer set
-        is one kvfence cannot open a room for (the error is logged).
+    # ``send_metadata``'s wrapper (below, inlined there: it runs for every request) keeps
+    # ``(writers, holds)`` on the receiver (`_kvfence_sent`), the writers looked up in
+    # `writer_cache` (:meth:`writers_of` on a miss); nothing else.
 
-        Why a room opened at the abort is the room opened here (docs/DESIGN.md section 8,
-        "The SGLang decode room opens at the abort"): until the ABORT goes out nothing can quiesce a writer (an ACK only
-        answers an ABORT) and the room would be ``Owned`` with every writer pending but
-        the fenced ones; :meth:`open_admitted` opens it in exactly that state, with the
-        writer ids chosen here (so a fence of this instance since then counts)."""
-        # A room for every admitted request and every record: an open at the abort is then
-        # never refused for want of one (the table's occupied rooms are a subset of the
-        # records: a released room's slot is free before its record is forgotten).
-        if self.admitted + len(self.records) >= self.capacity:
-            self._refuse(receiver, "every room is in use or promised (%d)" % self.capacity)
-            return False
-        info = receiver.prefill_info
-        addr = receiver.bootstrap_addr
-        cps, tps, pps = receiver.target_cp_ranks, receiver.target_tp_ranks, receiver.target_pp_ranks
-        # The writers depend only on the prefill instance (its info: sizes and target
-        # ranks, which SGLang computes once per instance and every receiver shares): one
-        # lookup by the info's id (the entry keeps the info alive, so the id is not reused)
-        # and a check that nothing changed. Measured on the dev box: 0.4 us less per
-        # request than a key tuple of the five values.
-        c = self.writer_cache.get(id(info))
-        if c is None or c.info is not info or c.addr != addr or c.cps != cps \
-                or c.tps != tps or c.pps != pps:
-            c = self._writers(info, addr, cps, tps, pps, receiver.bootstrap_infos)
-        if c.error is not None:
-            self._refuse(receiver, c.error)
-            return False
-        # The admission is an attribute of the receiver (a dict of them, measured on the
-        # dev box: ~0.2 us more per request), dropped at the room's open or the request's
-        # success; the counts are what the capacity check and a fence need of them.
-        old = getattr(receiver, _ADMITTED, None)
-        receiver._kvfence_admitted = (c, (kv_indices, aux_index, state_indices))
-        if old is None:
-            c.admitted += 1
-            self.admitted += 1
-        else:  # sent again before an abort or success: one admission, the new holds
-            old[0].admitted -= 1
-            c.admitted += 1
-        return True
-
-    def _refuse(self, receiver: Any, why: str) -> None:
+    def refuse(self, receiver: Any, why: str) -> None:
+        """Fails a request before its metadata goes out (nothing sent, nothing to hold)."""
         room = receiver.bootstrap_room
         mgr = receiver.kv_mgr
         mgr.record_failure(room, "kvfence refused the room: %s" % why)
@@ -214,20 +168,21 @@ class DecodeGate:
 
         mgr.update_status(room, KVPoll.Failed)
 
-    def open_admitted(self, receiver: Any) -> Optional[int]:
-        """The abort of an admitted request: opens its room (writers: the admitted set
-        minus any rank fenced since, whose transport is torn down: it can write nothing
-        more) and returns its handle. ``None`` if the request was not admitted (or its
-        transfer succeeded), or if the table refused the room (not expected: see
-        :meth:`admit`), which is logged and counted (``unguarded_rooms``): SGLang's own
-        ACK count then decides, its deadline still infinite, so time releases nothing."""
-        a = getattr(receiver, _ADMITTED, None)
-        if a is None:
+    def open_at_abort(self, receiver: Any) -> Optional[int]:
+        """The first abort of a request whose metadata went out: opens its room (the
+        writers ``send_metadata`` kept, minus any rank fenced since, whose transport is
+        torn down: it can write nothing more) and returns its handle. ``None`` if no
+        metadata went out under kvfence (SGLang's own path), or if the table refused the
+        room; the request's pages are then held for good (:attr:`held_for_good`: never
+        released, by time or anything else; logged and counted in ``unguarded_rooms``
+        and the quarantine metrics). Not expected: a held request keeps its SGLang
+        request slot, so a table with at least as many rooms as the decode's request
+        pool always has one free (docs/DESIGN.md section 8)."""
+        sent = getattr(receiver, _SENT, None)
+        if sent is None:
             return None
-        c, holds = a
-        receiver._kvfence_admitted = None
-        c.admitted -= 1
-        self.admitted -= 1
+        c, holds = sent
+        receiver._kvfence_sent = None
         room = receiver.bootstrap_room
         writers = c.writers
         while True:
@@ -242,10 +197,15 @@ class DecodeGate:
                     continue
             except kvfence.Error as e:
                 why = str(e)
+            pages = _new_record(RoomRecord, (room, c.addr, writers, holds, None, None)).held_pages
+            self.held_for_good[room] = pages
             self.unguarded_rooms += 1
+            self.quarantined_rooms += 1
+            self.quarantined_pages += pages
             logger.error("kvfence: cannot open the room of aborted request %s (prefill %s): "
-                         "%s; SGLang's own ABORT_ACK count decides its release (never a "
-                         "deadline)", room, c.addr, why)
+                         "%s; its %d pages incl. metadata/state slots are held for good "
+                         "(never reused; KVFENCE_SGLANG_ROOMS is %d)",
+                         room, c.addr, why, pages, self.capacity)
             return None
         # SGLang frees the pages itself (_do_release): kvfence keeps references to what
         # the room holds (counted only for the metrics and the quarantine log), never a
@@ -260,36 +220,27 @@ class DecodeGate:
         receiver._kvfence_handle = h
         return h
 
-    def open_room(self, receiver: Any, kv_indices: Any, aux_index: Optional[int],
-                  state_indices: Optional[List[Any]]) -> Optional[int]:
-        """:meth:`admit` and :meth:`open_admitted` at once: the room of ``receiver``, open
-        now (``None`` if refused)."""
-        if not self.admit(receiver, kv_indices, aux_index, state_indices):
-            return None
-        return self.open_admitted(receiver)
-
-    def _writers(self, info: Any, addr: str, cps: List[int], tps: List[int],
-                 pps: List[int], infos: Any) -> "_Writers":
-        """The kvfence ids of the prefill ranks a request's destinations go to, as their
-        ACKs name them (``_prefill_unique_rank = attn_tp_rank*(pp*cp) + pp_rank*cp +
-        cp_rank``); cached per prefill instance."""
+    def writers_of(self, receiver: Any) -> "_Writers":
+        """The writer set of ``receiver``'s prefill instance (``writer_cache``'s entry,
+        made or remade here: once per instance). The kvfence ids of the prefill ranks its
+        destinations go to, as their ACKs name them (``_prefill_unique_rank =
+        attn_tp_rank*(pp*cp) + pp_rank*cp + cp_rank``)."""
+        info = receiver.prefill_info
+        addr = receiver.bootstrap_addr
+        cps, tps, pps = receiver.target_cp_ranks, receiver.target_tp_ranks, receiver.target_pp_ranks
         unique = sorted({
             tp * (info.pp_size * info.attn_cp_size) + pp * info.attn_cp_size + cp
             for cp in cps for tp in tps for pp in pps
         })
         ids = self.ranks.ids(addr, unique)
-        # One entry per instance: an info SGLang replaced (a re-bootstrap) is dropped (kept
-        # aside while requests admitted with it wait: a fence of the instance needs them).
-        self.old_sets = [o for o in self.old_sets if o.admitted > 0]
+        # One entry per instance: an info SGLang replaced (a re-bootstrap) is dropped (a
+        # request sent with it keeps its own reference to the set).
         for k, old in list(self.writer_cache.items()):
             if old.addr == addr and old.info is not info:
                 del self.writer_cache[k]
-                if old.admitted > 0:
-                    self.old_sets.append(old)
         # Whether kvfence can open a room for this set at all (too many writers, say):
         # found out once per instance by opening one, not at a request's abort, when it
-        # would be too late to refuse the request cleanly. (admit() checked that a room is
-        # free.)
+        # would be too late to refuse the request cleanly.
         error: Optional[str] = None
         try:
             probe = self.table.open(ids, None, 0)
@@ -303,7 +254,7 @@ class DecodeGate:
             self.table.finish_drained(probe)
         c = self.writer_cache[id(info)] = _Writers(
             info, addr, list(cps), list(tps), list(pps), ids, dict(zip(unique, ids)),
-            infos, error)
+            receiver.bootstrap_infos, error)
         return c
 
     def drain(self) -> None:
@@ -356,13 +307,19 @@ class DecodeGate:
                        rec.room if rec else "?", pages, rec.addr if rec else "?", why)
 
     # -- heartbeat thread ------------------------------------------------------------
-    def node_failed(self, addr: str) -> None:
+    def node_failed(self, addr: str, affected: Iterable[int] = (),
+                    status: Optional[Dict[int, Any]] = None) -> None:
         """The heartbeat declared ``addr`` dead: fence its ranks once its transport is
-        proven torn down (a thread polls the proof; a live prefill is never fenced)."""
+        proven torn down (a thread polls the proof; a live prefill is never fenced).
+
+        ``affected``: the rooms SGLang tracked for ``addr`` when it declared it dead
+        (``addr_to_rooms_tracker``, read before SGLang drops it), ``status`` SGLang's
+        ``request_status``: a request among them that SGLang has not cleared may still
+        open a room with these ranks at its abort (its metadata went out to them), so the
+        thread keeps polling for the proof while one is left."""
         host, _, port = addr.rpartition(":")
         eps: Set[Tuple[str, int]] = {(host, int(port))}
-        sets = [c for c in list(self.writer_cache.values()) + list(self.old_sets)
-                if c.addr == addr]
+        sets = [c for c in list(self.writer_cache.values()) if c.addr == addr]
         infos = [rec.infos for rec in list(self.records.values()) if rec.addr == addr]
         infos += [c.infos for c in sets]
         for bi in infos:
@@ -373,22 +330,26 @@ class DecodeGate:
         if not ranks:
             return
         fenced = set(ranks)
+        pending = list(affected)
+        st: Dict[int, Any] = {} if status is None else status
 
         def waits() -> bool:
-            # An open room not yet released, or an admitted request (its room opens at
-            # its abort, with these ranks unless they are fenced by then), writes to them.
+            # An open room not yet released writes to them, or a request SGLang still
+            # tracks whose room is not open yet (it opens at its abort, with these ranks
+            # unless they are fenced by then). A successful one opens none.
             decided = self.decided
-            return any(c.admitted > 0 for c in sets) \
-                or any(not fenced.isdisjoint(rec.writers)
-                       for h, rec in list(self.records.items()) if h not in decided)
+            opened = self.room_handle
+            return any(not fenced.isdisjoint(rec.writers)
+                       for h, rec in list(self.records.items()) if h not in decided) \
+                or any(r not in opened and st.get(r, _SUCCESS) != _SUCCESS for r in pending)
 
         def fence_when_torn_down() -> None:
             t0 = time.monotonic()
             idle = 0
             while True:
-                # Gone only when seen idle twice, a poll apart: a request the scheduler
-                # thread was admitting with these ranks when they were retired is
-                # counted (`admitted`) by the second look.
+                # Gone only when seen idle twice, a poll apart: a room the scheduler
+                # thread was opening between the two reads of waits() is seen by the
+                # second look.
                 idle = 0 if waits() else idle + 1
                 if idle >= 2:
                     logger.info("kvfence: prefill %s declared dead; no room waits on it", addr)
@@ -430,7 +391,7 @@ _monotonic = time.monotonic
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 _ERROR = kvfence.Error
 _HANDLE = "_kvfence_handle"  # the room's kvfence handle, an attribute of its receiver
-_ADMITTED = "_kvfence_admitted"  # a receiver's admission: (writers, holds), or None
+_SENT = "_kvfence_sent"  # what a receiver's room would be: (writers, holds), or None
 # Wrappers read these with getattr(obj, name, None), never through obj.__dict__: in CPython
 # 3.11+ touching an instance's __dict__ moves its attributes out of the inline values
 # into a dict, and every attribute load of SGLang's own code on that object gets slower
@@ -466,8 +427,25 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
                       state_indices: Optional[List[Any]] = None, *a: Any, **kw: Any) -> Any:
         gate = getattr(self.kv_mgr, _KEY, None)
         if gate is not None and getattr(self, "bootstrap_infos", None) is not None:
-            if not gate.admit(self, kv_indices, aux_index, state_indices):
+            # The writers depend only on the prefill instance (its info: sizes and target
+            # ranks, which SGLang computes once per instance and every receiver shares):
+            # one lookup by the info's id (the entry keeps the info alive, so the id is
+            # not reused) and a check that nothing changed.
+            info = self.prefill_info
+            c = gate.writer_cache.get(id(info))
+            if c is None or c.info is not info or c.addr != self.bootstrap_addr \
+                    or c.cps != self.target_cp_ranks or c.tps != self.target_tp_ranks \
+                    or c.pps != self.target_pp_ranks:
+                c = gate.writers_of(self)
+            if c.error is not None:
+                gate.refuse(self, c.error)
                 return None
+            # Kept before anything is sent (a partial send is covered), read by the
+            # abort, which opens the room; a successful request leaves it unread. The
+            # writer set itself is kept, not looked up again at the abort: a retirement
+            # of the instance in between (its ranks fenced, a returning instance given
+            # new ids) must not change whom this request's room waits on.
+            self._kvfence_sent = (c, (kv_indices, aux_index, state_indices))
         return orig(self, kv_indices, aux_index, state_indices, *a, **kw)
     return send_metadata
 
@@ -480,17 +458,15 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self, force_arm=force_arm)
         h = getattr(self, _HANDLE, None)
         if h is None:
-            if getattr(self, _ADMITTED, None) is None:
-                # Not admitted (no metadata went out under kvfence, or the transfer
-                # succeeded): SGLang's own.
+            if getattr(self, _SENT, None) is None:
+                # No metadata went out under kvfence: SGLang's own.
                 return orig(self, force_arm=force_arm)
-            # The first abort of an admitted request: its room opens now, before the
-            # ABORT goes out (the ACK that answers it must find the room).
-            h = gate.open_admitted(self)
+            # The first abort of a request whose metadata went out: its room opens now,
+            # before the ABORT goes out (the ACK that answers it must find the room).
+            h = gate.open_at_abort(self)
             if h is None:
-                # The table refused the room (logged, counted; not expected): SGLang's own
-                # ACK count decides, armed (destinations went out) whatever the flag says,
-                # its deadline infinite (resolve_deferred_releases).
+                # The table refused the room (logged, counted; not expected): the pages
+                # are held for good (is_abort_release_safe never says yes for them).
                 mgr.enable_deferred_decode_kv_release = True
                 return orig(self, force_arm=True)
         # The room's abort time (once; the quarantine policy reads it), then kvfence's abort.
@@ -552,6 +528,8 @@ def _is_abort_release_safe(orig: Callable[..., Any]) -> Callable[..., Any]:
             if h is not None:
                 # A kvfence room: kvfence's decision, not SGLang's ACK count.
                 return h in gate.decided
+            if gate.held_for_good and bootstrap_room in gate.held_for_good:
+                return False  # its room was refused at the abort: never released
         return bool(orig(self, bootstrap_room, required_acks))
     return is_abort_release_safe
 
@@ -708,31 +686,17 @@ def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
 _SUCCESS: Any = None  # KVPoll.Success (set by patches(), which imports SGLang)
 
 
-def _clear(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def _clear(self: Any) -> Any:
-        a = getattr(self, _ADMITTED, None)
-        # A successful transfer: every writer reported Success, which it sends only after
-        # its last write (KV, metadata row, state) returned complete. The request was
-        # admitted but never aborted, so it has no room: it is only forgotten (a later
-        # abort() of it is SGLang's own). A failed one stays admitted: SGLang's
-        # failure_exception() clears before ensure_abort_notified() opens its room.
-        if a is not None:
-            mgr = self.kv_mgr
-            gate = getattr(mgr, _KEY, None)
-            if gate is not None and mgr.request_status.get(self.bootstrap_room) == _SUCCESS:
-                self._kvfence_admitted = None
-                a[0].admitted -= 1
-                gate.admitted -= 1
-        return orig(self)
-    return _clear
-
-
 def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _handle_node_failure(self: Any, failed_bootstrap_addr: str) -> Any:
-        out = orig(self, failed_bootstrap_addr)
         gate = _gate(self)
+        # The rooms SGLang tracks for the prefill (it drops the set): requests whose
+        # rooms may still open with its ranks.
+        tracker = getattr(self, "addr_to_rooms_tracker", None) or {}
+        affected = list(tracker.get(failed_bootstrap_addr, ()))
+        out = orig(self, failed_bootstrap_addr)
         if gate is not None:
-            gate.node_failed(failed_bootstrap_addr)
+            gate.node_failed(failed_bootstrap_addr, affected,
+                             getattr(self, "request_status", None))
         return out
     return _handle_node_failure
 
@@ -748,7 +712,6 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
     return [
         (CommonKVReceiver, "send_metadata", _send_metadata),
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),
-        (CommonKVReceiver, "_clear", _clear),
         (CommonKVManager, "note_abort_ack", _note_abort_ack),
         (CommonKVManager, "is_abort_release_safe", _is_abort_release_safe),
         (CommonKVManager, "_handle_node_failure", _handle_node_failure),

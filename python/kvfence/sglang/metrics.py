@@ -16,8 +16,8 @@ metric                                     type   meaning
 ``kvfence_sglang_refused_chunks_total``    count  queued chunks of aborted rooms not written
 ``kvfence_sglang_failed_writes_total``     count  writes that returned -1 (prefill)
 ``kvfence_sglang_unguarded_rooms_total``   count  aborted requests whose room kvfence could
-                                                  not open (not expected; SGLang's own ACK
-                                                  count decides, never a deadline)
+                                                  not open (not expected): their pages are
+                                                  held for good, counted as quarantined
 =========================================  =====  ==============================================
 """
 
@@ -71,7 +71,7 @@ _HELP = {
     "refused_chunks": ("counter", "Queued chunks of aborted rooms that were not written"),
     "failed_writes": ("counter", "Prefill writes that returned -1 (room never ACKed)"),
     "unguarded_rooms": ("counter", "Aborted requests whose room kvfence could not open "
-                                   "(SGLang's ACK count decides)"),
+                                   "(held for good, counted as quarantined)"),
 }
 
 
