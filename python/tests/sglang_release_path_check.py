@@ -131,5 +131,31 @@ assert gate.ignored_acks == ignored + 4 and gate.decided.get(h) == "aborted"
 gate.decided.pop(h)
 gate.aborted.pop(h)
 assert gate.forget(h) is not None and 4242 not in gate.room_handle
+
+# A release decided while nothing is held (the idle iterations' calls return at once and
+# drain nothing) is taken by the first call that finds its entry held: nothing is lost,
+# nothing is released before kvfence decided.
+q._deferred_releases.clear()  # what is held above stays held for good: dropped here
+recv2 = SimpleNamespace(bootstrap_addr="127.0.0.1:8997", kv_mgr=mgr, bootstrap_room=4244,
+                        prefill_info=recv.prefill_info, target_cp_ranks=[0],
+                        target_tp_ranks=[0], target_pp_ranks=[0],
+                        bootstrap_infos=recv.bootstrap_infos)
+b.send_metadata(True)(recv2, np.arange(4, dtype=np.int32), None, None)
+h2 = gate.open_at_abort(recv2)
+assert h2 is not None
+gate.table.abort(h2)
+gate.aborted[h2] = time.monotonic()
+mgr.note_abort_ack(4244, 0, h2)  # the writer's ACK: released in the table
+for _ in range(3):
+    assert q.resolve_deferred_releases() is None  # nothing held: an idle iteration
+assert not released and h2 in gate.records
+late = reqs[11]
+late.req.bootstrap_room = 4244
+hold([late], handle=h2)
+q.resolve_deferred_releases()
+assert released == [late], released  # released once, by SGLang's own _do_release
+assert not q._deferred_releases and h2 not in gate.records and h2 not in gate.decided
+assert not gate.table.queued_releases()
+released.clear()
 print("release path OK")
 os._exit(0)

@@ -172,6 +172,27 @@ def test_install_uninstall_on_the_real_sglang(monkeypatch):
         assert c.__dict__[n] is f
 
 
+def test_install_refuses_a_send_metadata_with_other_parameters(monkeypatch):
+    """The send_metadata wrapper mirrors SGLang 0.5.23's parameters (a positional call,
+    no repacking): an SGLang whose method takes others is refused, nothing patched."""
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
+    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
+
+    if ks.installed():
+        pytest.skip("installed by the start-up hook in this process")
+
+    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, extra=None):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(CommonKVReceiver, "send_metadata", send_metadata)
+    ack = CommonKVManager.__dict__["note_abort_ack"]
+    with pytest.raises(RuntimeError, match=r"send_metadata takes .*'extra'.*nothing was changed"):
+        ks.install()
+    assert not ks.installed()
+    assert CommonKVReceiver.__dict__["send_metadata"] is send_metadata
+    assert CommonKVManager.__dict__["note_abort_ack"] is ack
+
+
 def test_metrics_are_exported_through_prometheus_client():
     prom = pytest.importorskip("prometheus_client")
     from kvfence.sglang import metrics
@@ -260,7 +281,7 @@ def test_a_sent_request_has_no_room_until_its_abort():
     _send(rs[0], list(range(8)), 0, None)  # sent again: the newer holds
     assert len(_sent) >= 11 and _sent[-1] is rs[0]
     assert gate.table.stats()["rooms_owned"] == 0 and not gate.records
-    assert rs[0]._kvfence_sent[1][0] == list(range(8))
+    assert rs[0]._kvfence_sent[1] == list(range(8))
     h = gate.open_at_abort(rs[9])
     assert h is not None and rs[9]._kvfence_handle == h and rs[9]._kvfence_sent is None
     assert gate.records[h].writers == gate.ranks.of(_ADDR) and gate.room_handle[9] == h
