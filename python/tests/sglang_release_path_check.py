@@ -68,7 +68,7 @@ def hold(batch, handle=None):
     for r in batch:
         r.kv_receiver = _Receiver()
         if handle is not None:  # counted as a kvfence room (one kvfence never releases)
-            r.kv_receiver._kvfence_handle = handle
+            r.kv_receiver._kvfence = handle
         q._deferred_releases.append((r, past, past, 0, 1))
 
 

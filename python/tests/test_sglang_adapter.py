@@ -281,9 +281,9 @@ def test_a_sent_request_has_no_room_until_its_abort():
     _send(rs[0], list(range(8)), 0, None)  # sent again: the newer holds
     assert len(_sent) >= 11 and _sent[-1] is rs[0]
     assert gate.table.stats()["rooms_owned"] == 0 and not gate.records
-    assert rs[0]._kvfence_sent[1] == list(range(8))
+    assert rs[0]._kvfence[1] == list(range(8))
     h = gate.open_at_abort(rs[9])
-    assert h is not None and rs[9]._kvfence_handle == h and rs[9]._kvfence_sent is None
+    assert h is not None and rs[9]._kvfence == h
     assert gate.records[h].writers == gate.ranks.of(_ADDR) and gate.room_handle[9] == h
     assert gate.records[h].held_pages == 5
     assert gate.open_at_abort(rs[9]) is None  # opened once
@@ -351,7 +351,7 @@ def test_a_writer_set_kvfence_cannot_gate_is_refused_at_the_send():
     assert _send(r, list(range(4)), 0, None) is None
     assert len(_sent) == n  # SGLang's method was not called
     assert mgr.failed and mgr.failed[-1][0] == 5 and "writer set" in mgr.failed[-1][1]
-    assert getattr(r, "_kvfence_sent", None) is None
+    assert getattr(r, "_kvfence", None) is None
 
 
 def test_a_fence_waits_for_sent_requests_to_the_dead_prefill(monkeypatch):

@@ -86,14 +86,16 @@ class RoomRecord(NamedTuple):
     room: int
     addr: str
     writers: List[int]
-    holds: Tuple[Any, Optional[int], Optional[List[Any]]]  # kv_indices, aux_index, state_indices
+    # (writers, kv_indices, aux_index, state_indices): the receiver's tuple, as
+    # send_metadata kept it (no copy)
+    holds: Tuple[Any, Any, Optional[int], Optional[List[Any]]]
     infos: Any  # the receiver's bootstrap_infos (rank_ip, rank_port of each writer)
     rank_of: Dict[int, int]  # SGLang prefill rank -> kvfence id (shared per writer set)
 
     @property
     def held_pages(self) -> int:
         """The room's KV pages + its metadata row + its state slots."""
-        kv, aux, state = self.holds
+        _, kv, aux, state = self.holds
         n = len(kv) + (0 if aux is None else 1)
         for s in state or ():
             n += len(s) if hasattr(s, "__len__") else 1
@@ -160,7 +162,7 @@ class DecodeGate:
 
     # -- scheduler thread ------------------------------------------------------------
     # ``send_metadata``'s wrapper (below, inlined there: it runs for every request) keeps
-    # ``(writers, kv_indices, aux_index, state_indices)`` on the receiver (`_kvfence_sent`), the writers looked up in
+    # ``(writers, kv_indices, aux_index, state_indices)`` on the receiver (`_kvfence`), the writers looked up in
     # `writer_cache` (:meth:`writers_of` on a miss); nothing else.
 
     def refuse(self, receiver: Any, why: str) -> None:
@@ -182,11 +184,11 @@ class DecodeGate:
         and the quarantine metrics). Not expected: a held request keeps its SGLang
         request slot, so a table with at least as many rooms as the decode's request
         pool always has one free (docs/DESIGN.md section 8)."""
-        sent = getattr(receiver, _SENT, None)
-        if sent is None:
-            return None
-        c, holds = sent[0], sent[1:]
-        receiver._kvfence_sent = None
+        holds = getattr(receiver, _ATTR, None)
+        if type(holds) is not tuple:
+            return None  # nothing sent under kvfence, or its room is open already
+        c = holds[0]
+        receiver._kvfence = None
         room = receiver.bootstrap_room
         writers = c.writers
         while True:
@@ -221,7 +223,7 @@ class DecodeGate:
         # runs on the scheduler thread, the ACK and heartbeat threads only read them.
         self.records[h] = rec
         self.room_handle[room] = h
-        receiver._kvfence_handle = h
+        receiver._kvfence = h
         return h
 
     def writers_of(self, receiver: Any) -> "_Writers":
@@ -394,9 +396,13 @@ _KEY = "_kvfence_gate"  # the gate, an attribute of a decode manager
 _monotonic = time.monotonic
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 _ERROR = kvfence.Error
-_HANDLE = "_kvfence_handle"  # the room's kvfence handle, an attribute of its receiver
-_SENT = "_kvfence_sent"  # what a receiver's room would be: (writers, kv_indices,
-# aux_index, state_indices), or None
+# One attribute of a receiver (one, not two: measured on the dev box, a second attribute
+# added to a receiver after SGLang's __init__ costs ~0.25 us to store, as CPython moves
+# the object's attributes into a dict, and slows every later attribute load on it):
+# absent or None: not kvfence's (SGLang's own path); a tuple (writers, kv_indices,
+# aux_index, state_indices): its metadata went out under kvfence, its room is not open;
+# an int: its room's kvfence handle.
+_ATTR = "_kvfence"
 _SEND_METADATA_PARAMS = ["self", "kv_indices", "aux_index", "state_indices",
                          "decode_prefix_len", "destination", "device_kv_indices"]
 _DEVICE: Any = None  # KVTransferDestination.DEVICE, send_metadata's default (set by patches())
@@ -459,7 +465,7 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
             # writer set itself is kept, not looked up again at the abort: a retirement
             # of the instance in between (its ranks fenced, a returning instance given
             # new ids) must not change whom this request's room waits on.
-            self._kvfence_sent = (c, kv_indices, aux_index, state_indices)
+            self._kvfence = (c, kv_indices, aux_index, state_indices)
         return orig(self, kv_indices, aux_index, state_indices, decode_prefix_len,
                     destination, device_kv_indices)
     return send_metadata
@@ -471,9 +477,9 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
         gate = getattr(mgr, _KEY, None)
         if gate is None:
             return orig(self, force_arm=force_arm)
-        h = getattr(self, _HANDLE, None)
-        if h is None:
-            if getattr(self, _SENT, None) is None:
+        h = getattr(self, _ATTR, None)
+        if type(h) is not int:
+            if h is None:
                 # No metadata went out under kvfence: SGLang's own.
                 return orig(self, force_arm=force_arm)
             # The first abort of a request whose metadata went out: its room opens now,
@@ -632,8 +638,8 @@ def _resolve_held(self: Any, orig: Callable[..., Any]) -> Any:
             # One new tuple per entry (SGLang 0.5.23's entries have 5 fields).
             held[i] = e = (e[0], e[1], inf, e[3], e[4]) if len(e) == 5 \
                 else (e[0], e[1], inf) + tuple(e[3:])
-        h = getattr(e[0].kv_receiver, _HANDLE, None)
-        if h is None:
+        h = getattr(e[0].kv_receiver, _ATTR, None)
+        if type(h) is not int:
             ungated += 1
         else:
             entry_of[h] = e
@@ -668,8 +674,8 @@ def _resolve_held(self: Any, orig: Callable[..., Any]) -> Any:
         if left:
             held.extend(left)
             for e in left:
-                h = getattr(e[0].kv_receiver, _HANDLE, None)
-                if h is not None:
+                h = getattr(e[0].kv_receiver, _ATTR, None)
+                if type(h) is int:
                     entry_of[h] = e
         st.checked = len(held)
         st.last = held[-1] if held else None
@@ -694,8 +700,8 @@ def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _do_release(self: Any, decode_req: Any, idx: int) -> Any:
         recv = decode_req.kv_receiver
-        h = getattr(recv, _HANDLE, None)
-        gate = getattr(recv.kv_mgr, _KEY, None) if h is not None else None
+        h = getattr(recv, _ATTR, None)
+        gate = getattr(recv.kv_mgr, _KEY, None) if type(h) is int else None
         if gate is None:
             return orig(self, decode_req, idx)
         reason = gate.decided.pop(h, None)
