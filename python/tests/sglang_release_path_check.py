@@ -132,6 +132,50 @@ gate.decided.pop(h)
 gate.aborted.pop(h)
 assert gate.forget(h) is not None and 4242 not in gate.room_handle
 
+# The ABORT of a kvfence room carries the room's handle as its generation (SGLang's own
+# _send_abort_notification arms it through the wrapped register_deferred_abort_room) and
+# makes no SGLang tracker entry; a request sent without kvfence gets SGLang's own.
+import threading  # noqa: E402
+
+from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
+from sglang.srt.disaggregation.common.conn import AbortNotification  # noqa: E402
+
+frames_sent = []
+
+
+class _CaptureSock:
+    def send_multipart(self, frames):
+        frames_sent.append(AbortNotification.from_zmq(frames))
+
+
+for k in ("_deferred_abort_ack_tracker", "failure_records", "request_status"):
+    setattr(mgr, k, {})
+mgr._deferred_abort_generation = 0
+mgr.failure_lock = threading.Lock()
+mgr.local_ip, mgr.rank_port = "127.0.0.1", 5000
+mgr.defer_decode_allocation = False
+arm = b._receiver(mgr, 4300, b._PREFILL_INFO, b._receiver_class(True))
+arm._connect_to_bootstrap_server = lambda bi: (_CaptureSock(), threading.Lock())
+mgr.request_status[4300] = KVPoll.WaitingForInput
+b.send_metadata(True)(arm, np.arange(4, dtype=np.int32), 0, None)
+arm.abort()
+h3 = arm._kvfence
+assert type(h3) is int and gate.records[h3].room == 4300
+assert [f.generation for f in frames_sent] == [h3] and arm._abort_generation == h3
+assert 4300 not in mgr._deferred_abort_ack_tracker and mgr._deferred_abort_generation == 0
+assert getattr(mgr, "_kvfence_arming", None) is None
+own = b._receiver(mgr, 4301, b._PREFILL_INFO, b._receiver_class(True))
+own._connect_to_bootstrap_server = arm._connect_to_bootstrap_server
+mgr.request_status[4301] = KVPoll.WaitingForInput
+own.abort()  # no send_metadata under kvfence: SGLang's own generation and tracker entry
+assert frames_sent[-1].generation == 1 and mgr._deferred_abort_ack_tracker[4301].generation == 1
+# (h3's room stays open: quarantined, so that the checks below start from no queued release)
+gate.table.quarantine(h3)
+gate.drain()
+gate.decided.pop(h3)
+gate.aborted.pop(h3)
+gate.forget(h3)
+
 # A release decided while nothing is held (the idle iterations' calls return at once and
 # drain nothing) is taken by the first call that finds its entry held: nothing is lost,
 # nothing is released before kvfence decided.

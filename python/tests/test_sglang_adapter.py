@@ -340,6 +340,27 @@ def test_an_abort_that_finds_the_table_full_holds_the_pages_for_good():
     assert safe(mgr, 77, 1) is True  # not kvfence's: SGLang's own
 
 
+def test_an_abort_that_finds_the_table_full_of_undrained_releases_drains_them():
+    """Released rooms whose releases no scheduler iteration drained yet (nothing was held)
+    still hold their indices: an abort finding the table full drains them and opens its
+    room, instead of holding its pages for good."""
+    gate, mgr = _gate(rooms=2)
+    a, b, c = (_recv(mgr, i) for i in range(3))
+    for r in (a, b, c):
+        _send(r, list(range(4)), 0, None)
+    gate.drain()  # (the writer set's probe room, finished at the first send)
+    ha, hb = gate.open_at_abort(a), gate.open_at_abort(b)
+    assert ha is not None and hb is not None
+    for h in (ha, hb):
+        gate.table.abort(h)
+        for w in gate.records[h].writers:
+            gate.table.quiesce(h, w)  # every writer's ACK: released, not drained
+    assert gate.table.queued_releases() == 2 and not gate.decided
+    hc = gate.open_at_abort(c)
+    assert hc is not None and not gate.held_for_good and gate.unguarded_rooms == 0
+    assert gate.decided == {ha: "aborted", hb: "aborted"}
+
+
 def test_a_writer_set_kvfence_cannot_gate_is_refused_at_the_send():
     """A writer set the table cannot open a room for (more writers than a room holds)
     fails the request at send_metadata: nothing is sent, so nothing needs holding."""

@@ -21,9 +21,12 @@ SGLang method (0.5.23)                        what kvfence adds
                                               went out (writers fenced since left out) and
                                               ``abort`` s it;
                                               the ABORT carries the room's kvfence handle
-                                              as its generation (SGLang's own generation
-                                              counter is set so that the generation it arms
-                                              is the handle)
+                                              as its generation
+``CommonKVManager.register_deferred_abort_room`` for that abort (SGLang's own method calls
+                                              it), returns the room's handle as the
+                                              generation and makes no SGLang tracker entry
+                                              (nothing reads one for a kvfence room);
+                                              SGLang's own for any other room
 ``CommonKVManager.note_abort_ack``            ``quiesce(handle, rank)`` (ABORT_ACK = quiesce)
                                               instead of SGLang's ACK set, for a room
                                               kvfence holds; SGLang's own otherwise
@@ -191,6 +194,7 @@ class DecodeGate:
         receiver._kvfence = None
         room = receiver.bootstrap_room
         writers = c.writers
+        drained = False
         while True:
             try:
                 h = self.table.open(writers, None, room & 0xFFFF_FFFF_FFFF_FFFF)
@@ -201,6 +205,15 @@ class DecodeGate:
                 else:
                     writers = [w for w in writers if w != e.rank]
                     continue
+            except kvfence.TableFull as e:
+                if not drained and self.table.queued_releases():
+                    # Rooms released but not drained yet hold their indices (the table
+                    # hands an index back when its release is drained, and an idle
+                    # scheduler iteration drains nothing): drain, then try again.
+                    drained = True
+                    self.drain()
+                    continue
+                why = str(e)
             except kvfence.Error as e:
                 why = str(e)
             pages = _new_record(RoomRecord, (room, c.addr, writers, holds, None, None)).held_pages
@@ -403,6 +416,7 @@ _ERROR = kvfence.Error
 # aux_index, state_indices): its metadata went out under kvfence, its room is not open;
 # an int: its room's kvfence handle.
 _ATTR = "_kvfence"
+_ARMING = "_kvfence_arming"  # (bootstrap_room, handle) while a kvfence room's ABORT is armed
 _SEND_METADATA_PARAMS = ["self", "kv_indices", "aux_index", "state_indices",
                          "decode_prefix_len", "destination", "device_kv_indices"]
 _DEVICE: Any = None  # KVTransferDestination.DEVICE, send_metadata's default (set by patches())
@@ -501,17 +515,29 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
         # Arm and accept the drain ACK whatever the deferred-release flag says.
         mgr.enable_deferred_decode_kv_release = True
         # The ABORT's generation is the room's kvfence handle, so that its ACK names the
-        # lifecycle it drains. SGLang's register_deferred_abort_room (which SGLang's own
-        # method calls here, on this thread) arms generation `counter + 1`: the counter
-        # is set so that this is the handle. SGLang's tracker entry is made as in stock
-        # SGLang; for a room kvfence holds nothing reads it (note_abort_ack and
-        # is_abort_release_safe answer from kvfence) and _do_release clears it.
-        # SGLang arms generations on the scheduler thread only (its counter is not locked
-        # either), so nothing runs between this store and that increment.
+        # lifecycle it drains: SGLang's own method arms it through
+        # register_deferred_abort_room, on this thread, whose wrapper returns the handle
+        # named here (and makes no SGLang tracker entry: for a room kvfence holds,
+        # note_abort_ack and is_abort_release_safe answer from kvfence).
         # force_arm: the room exists, so some destinations may be published.
-        mgr._deferred_abort_generation = h - 1
-        return orig(self, force_arm=True)
+        mgr._kvfence_arming = (self.bootstrap_room, h)
+        try:
+            return orig(self, force_arm=True)
+        finally:
+            mgr._kvfence_arming = None
     return _send_abort_notification
+
+
+def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def register_deferred_abort_room(self: Any, bootstrap_room: int) -> int:
+        arming = getattr(self, _ARMING, None)
+        if arming is not None and arming[0] == bootstrap_room:
+            # The abort of a kvfence room (its wrapper set this, on this thread, around
+            # SGLang's _send_abort_notification): its generation is the room's handle.
+            self._kvfence_arming = None
+            return arming[1]
+        return orig(self, bootstrap_room)
+    return register_deferred_abort_room
 
 
 def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -760,6 +786,7 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
     return [
         (CommonKVReceiver, "send_metadata", _send_metadata),
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),
+        (CommonKVManager, "register_deferred_abort_room", _register_deferred_abort_room),
         (CommonKVManager, "note_abort_ack", _note_abort_ack),
         (CommonKVManager, "is_abort_release_safe", _is_abort_release_safe),
         (CommonKVManager, "_handle_node_failure", _handle_node_failure),
