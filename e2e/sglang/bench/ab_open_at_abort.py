@@ -17,7 +17,11 @@ too (the same phases, the stub alone) as the floor both are measured against.
 Bases measured (e2e/sglang/bench/RESULTS.md): ``8e43593`` (the room opened at
 ``send_metadata``) against 14d634d (admitted there, opened at the abort);
 ``faefaf9`` (that admission) against the adapter that keeps only the writers and holds
-at ``send_metadata`` and has no ``_clear`` wrapper.
+at ``send_metadata`` and has no ``_clear`` wrapper; ``70ca365`` (that stash, in two
+receiver attributes) against one attribute, an idle iteration that returns at once and a
+``send_metadata`` wrapper with SGLang's parameters. Each variant's receivers are of their
+own subclass of ``MooncakeKVReceiver`` (``bench_release_path.RECEIVER_CLASS``): one
+adapter's attribute names must not change the other's attribute layout.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ def main() -> int:
                     adapters[v].install()
                 b._decode_mgrs[v != "stock"] = mgrs[v]
                 b.SEND_METADATA[v != "stock"] = sends[v]
+                b.RECEIVER_CLASS[v != "stock"] = b._receiver_class(v)  # its own layout
                 acc: Dict[str, List[float]] = {p: [] for p in PHASES}
                 for _ in range(max(3, 2000 // n)):
                     life = b.decode_lifecycle(n, v != "stock")

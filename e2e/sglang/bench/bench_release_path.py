@@ -121,8 +121,10 @@ def decode_manager(kvfence_on: bool) -> Any:
 
 
 def _sglang_send_metadata(self: Any, kv_indices: Any, aux_index: Any = None,
-                          state_indices: Any = None, *a: Any, **kw: Any) -> None:
-    """Stands in for SGLang's ``send_metadata`` (which sends over ZMQ: not timed)."""
+                          state_indices: Any = None, decode_prefix_len: Any = None,
+                          destination: Any = None, device_kv_indices: Any = None) -> None:
+    """Stands in for SGLang's ``send_metadata`` (which sends over ZMQ: not timed), with
+    its parameters (SGLang 0.5.23's)."""
 
 
 # kvfence_on -> send_metadata as the benchmark calls it (the A/B sets other adapters')
@@ -149,10 +151,27 @@ def _median_call(f: Any, k: int) -> float:
     return statistics.median(times)
 
 
-def _receiver(mgr: Any, room: int, info: Any) -> Any:
+# Each variant's receivers are of their own subclass of MooncakeKVReceiver (no method of
+# its own): CPython shares an instance attribute layout per class, so an attribute one
+# variant adds to its receivers (kvfence's, or another adapter's in the A/B) must not
+# change the layout, and the attribute loads, of another's. (Measured on the dev box: in
+# one class, a second adapter's attribute name made the first's receivers keep their
+# attributes in a dict: SGLang's own clear() 1.3x slower on them.)
+RECEIVER_CLASS: Dict[Any, type] = {}
+
+
+def _receiver_class(kvfence_on: Any) -> type:
+    cls = RECEIVER_CLASS.get(kvfence_on)
+    if cls is None:
+        cls = RECEIVER_CLASS[kvfence_on] = type(
+            "BenchReceiver_%s" % kvfence_on, (MooncakeKVReceiver,), {})
+    return cls
+
+
+def _receiver(mgr: Any, room: int, info: Any, cls: type = MooncakeKVReceiver) -> Any:
     """A receiver whose destinations were published (one prefill rank), built with
     ``__new__`` as SGLang's own unit tests do."""
-    r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
+    r = cls.__new__(cls)
     r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = mgr, room, "127.0.0.1:8998"
     r.prefill_info, r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = info, [0], [0], [0]
     r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
@@ -200,7 +219,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     reqs = []
     for i in range(n):
         room = 1_000_000 + i
-        r = _receiver(mgr, room, info)
+        r = _receiver(mgr, room, info, _receiver_class(kvfence_on))
         r._connect_to_bootstrap_server = lambda bi, _s=sock: _s
         mgr.request_status[room] = KVPoll.WaitingForInput
         reqs.append(dec.DecodeRequest(
@@ -276,7 +295,7 @@ def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
     receivers = []
     for i in range(n):
         room = 3_000_000 + i
-        r = _receiver(mgr, room, info)
+        r = _receiver(mgr, room, info, _receiver_class(kvfence_on))
         mgr.request_status[room] = KVPoll.Success
         mgr.addr_to_rooms_tracker["127.0.0.1:8998"].add(room)
         receivers.append(r)

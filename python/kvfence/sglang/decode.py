@@ -529,7 +529,7 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def register_deferred_abort_room(self: Any, bootstrap_room: int) -> int:
+    def register_deferred_abort_room(self: Any, bootstrap_room: int) -> Any:
         arming = getattr(self, _ARMING, None)
         if arming is not None and arming[0] == bootstrap_room:
             # The abort of a kvfence room (its wrapper set this, on this thread, around
