@@ -163,12 +163,15 @@ h3 = arm._kvfence
 assert type(h3) is int and gate.records[h3].room == 4300
 assert [f.generation for f in frames_sent] == [h3] and arm._abort_generation == h3
 assert 4300 not in mgr._deferred_abort_ack_tracker and mgr._deferred_abort_generation == 0
-assert getattr(mgr, "_kvfence_arming", None) is None
+assert not gate.arming
 own = b._receiver(mgr, 4301, b._PREFILL_INFO, b._receiver_class(True))
 own._connect_to_bootstrap_server = arm._connect_to_bootstrap_server
 mgr.request_status[4301] = KVPoll.WaitingForInput
+gate.arming[4399] = h3  # another room's ABORT being armed meanwhile (another thread)
 own.abort()  # no send_metadata under kvfence: SGLang's own generation and tracker entry
 assert frames_sent[-1].generation == 1 and mgr._deferred_abort_ack_tracker[4301].generation == 1
+assert gate.arming == {4399: h3}  # not taken by another room's arming
+gate.arming.clear()
 # (h3's room stays open: quarantined, so that the checks below start from no queued release)
 gate.table.quarantine(h3)
 gate.drain()

@@ -146,6 +146,9 @@ class DecodeGate:
     # bootstrap_room -> its pages, for aborted requests whose room the table refused (no
     # room free: see open_at_abort): held for good, never released (not expected)
     held_for_good: Dict[int, int] = field(default_factory=dict)
+    # bootstrap_room -> handle, while that kvfence room's ABORT is being armed (set and
+    # popped by _send_abort_notification's wrapper, taken by register_deferred_abort_room's)
+    arming: Dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     capacity: int = 0  # the table's rooms (set from it)
     unguarded_rooms: int = 0  # aborted requests whose room the table refused (not expected)
@@ -416,7 +419,6 @@ _ERROR = kvfence.Error
 # aux_index, state_indices): its metadata went out under kvfence, its room is not open;
 # an int: its room's kvfence handle.
 _ATTR = "_kvfence"
-_ARMING = "_kvfence_arming"  # (bootstrap_room, handle) while a kvfence room's ABORT is armed
 _SEND_METADATA_PARAMS = ["self", "kv_indices", "aux_index", "state_indices",
                          "decode_prefix_len", "destination", "device_kv_indices"]
 _DEVICE: Any = None  # KVTransferDestination.DEVICE, send_metadata's default (set by patches())
@@ -520,22 +522,27 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
         # named here (and makes no SGLang tracker entry: for a room kvfence holds,
         # note_abort_ack and is_abort_release_safe answer from kvfence).
         # force_arm: the room exists, so some destinations may be published.
-        mgr._kvfence_arming = (self.bootstrap_room, h)
+        # Keyed by room (not one slot per manager), so that an abort on another thread
+        # can never take this room's handle.
+        arming = gate.arming
+        room = self.bootstrap_room
+        arming[room] = h
         try:
             return orig(self, force_arm=True)
         finally:
-            mgr._kvfence_arming = None
+            arming.pop(room, None)
     return _send_abort_notification
 
 
 def _register_deferred_abort_room(orig: Callable[..., Any]) -> Callable[..., Any]:
     def register_deferred_abort_room(self: Any, bootstrap_room: int) -> Any:
-        arming = getattr(self, _ARMING, None)
-        if arming is not None and arming[0] == bootstrap_room:
-            # The abort of a kvfence room (its wrapper set this, on this thread, around
-            # SGLang's _send_abort_notification): its generation is the room's handle.
-            self._kvfence_arming = None
-            return arming[1]
+        gate = getattr(self, _KEY, None)
+        if gate is not None:
+            h = gate.arming.pop(bootstrap_room, None)
+            if h is not None:
+                # The abort of a kvfence room (its wrapper named the handle around
+                # SGLang's _send_abort_notification): the generation is the room's handle.
+                return h
         return orig(self, bootstrap_room)
     return register_deferred_abort_room
 
