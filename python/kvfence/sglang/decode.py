@@ -109,14 +109,12 @@ class _Writers:
     """One prefill instance's writer set (``DecodeGate.writer_cache``): the kvfence ids
     of the ranks a request's destinations go to, shared by every request to it."""
 
-    __slots__ = ("info", "addr", "cps", "tps", "pps", "writers", "rank_of", "infos", "error")
+    __slots__ = ("info", "addr", "writers", "rank_of", "infos", "error")
 
-    def __init__(self, info: Any, addr: str, cps: List[int], tps: List[int], pps: List[int],
-                 writers: List[int], rank_of: Dict[int, int], infos: Any,
-                 error: Optional[str]) -> None:
+    def __init__(self, info: Any, addr: str, writers: List[int], rank_of: Dict[int, int],
+                 infos: Any, error: Optional[str]) -> None:
         self.info = info  # the instance's prefill_info (kept: its id is the cache key)
         self.addr = addr
-        self.cps, self.tps, self.pps = cps, tps, pps  # copies of the target ranks used
         self.writers = writers  # kvfence ids
         self.rank_of = rank_of  # SGLang prefill rank -> kvfence id
         self.infos = infos  # the first receiver's bootstrap_infos (the ranks' endpoints)
@@ -168,8 +166,8 @@ class DecodeGate:
 
     # -- scheduler thread ------------------------------------------------------------
     # ``send_metadata``'s wrapper (below, inlined there: it runs for every request) keeps
-    # ``(writers, kv_indices, aux_index, state_indices)`` on the receiver (`_kvfence`), the writers looked up in
-    # `writer_cache` (:meth:`writers_of` on a miss); nothing else.
+    # ``(writers, kv_indices, aux_index, state_indices)`` on the receiver (`_kvfence`),
+    # the writers looked up in `writer_cache` (:meth:`writers_of` on a miss); nothing else.
 
     def refuse(self, receiver: Any, why: str) -> None:
         """Fails a request before its metadata goes out (nothing sent, nothing to hold)."""
@@ -275,8 +273,7 @@ class DecodeGate:
             # Released by this call, or queued (the drain forgets a "finished" release).
             self.table.finish_drained(probe)
         c = self.writer_cache[id(info)] = _Writers(
-            info, addr, list(cps), list(tps), list(pps), ids, dict(zip(unique, ids)),
-            receiver.bootstrap_infos, error)
+            info, addr, ids, dict(zip(unique, ids)), receiver.bootstrap_infos, error)
         return c
 
     def drain(self) -> None:
@@ -776,10 +773,8 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
 def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """The decode-side wrappers, as ``(class, method, make_wrapper)``."""
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.decode import DecodeTransferQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    from sglang.srt.disaggregation.base.conn import KVTransferDestination  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     global _SUCCESS, _DEVICE
     _SUCCESS = KVPoll.Success
