@@ -370,6 +370,17 @@ def prefill_manager() -> Any:
     return p.mgr
 
 
+def decode_kv_args(mgr: Any) -> Any:
+    """A decode rank's registration as the prefill keeps it (``decode_kv_args_table``):
+    its KV buffers are the prefill's own (the writes go nowhere: the engine is a fake)."""
+    return SimpleNamespace(
+        requires_dcp_relayout=False, dst_kv_ptrs=list(mgr.kv_args.kv_data_ptrs),
+        dst_kv_layer_ids=None, dst_kv_item_len=mgr.kv_args.kv_item_lens[0],
+        dst_attn_tp_size=1, dst_aux_ptrs=[], staging_base_ptr=0, staging_total_size=0,
+        dst_tp_rank=0, dst_state_data_ptrs=[], dst_kv_item_lens=None, dst_dcp_size=1,
+        dst_dcp_rank=0, dcp_token_item_lens=None, state_layout=None)
+
+
 def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
     from sglang.srt.disaggregation.common.utils import TransferKVChunk
     from sglang.srt.disaggregation.mooncake.conn import TransferInfo
@@ -378,12 +389,7 @@ def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
     mgr = prefill_manager()
     gate = getattr(mgr, "_kvfence_gate", None)
     session = "127.0.0.1:1"
-    mgr.decode_kv_args_table[session] = SimpleNamespace(
-        requires_dcp_relayout=False, dst_kv_ptrs=list(mgr.kv_args.kv_data_ptrs),
-        dst_kv_layer_ids=None, dst_kv_item_len=mgr.kv_args.kv_item_lens[0],
-        dst_attn_tp_size=1, dst_aux_ptrs=[], staging_base_ptr=0, staging_total_size=0,
-        dst_tp_rank=0, dst_state_data_ptrs=[], dst_kv_item_lens=None, dst_dcp_size=1,
-        dst_dcp_rank=0, dcp_token_item_lens=None, state_layout=None)
+    mgr.decode_kv_args_table[session] = decode_kv_args(mgr)
     items = []
     for i in range(n):
         room = 5_000_000 + i

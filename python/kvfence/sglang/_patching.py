@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Tuple
 
-__all__ = ["Patch", "PatchSet"]
+__all__ = ["Patch", "PatchSet", "require_params"]
 
 Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -51,3 +52,19 @@ class PatchSet:
         for (owner, name), orig in reversed(list(self._saved.items())):
             setattr(owner, name, orig)
         self._saved.clear()
+
+
+def require_params(owner: type, name: str, params: List[str]) -> None:
+    """Raises ``RuntimeError`` unless ``owner.name`` takes exactly ``params``.
+
+    For the wrappers that mirror an SGLang method's parameters so as to call it with a
+    plain positional call (no ``*args/**kwargs`` repacking: the hot ones, per request or
+    per chunk); :func:`kvfence.sglang.install` calls this, through each side's
+    ``patches()``, before anything is patched."""
+    fn = owner.__dict__.get(name)
+    if fn is None:
+        return  # missing: PatchSet.check names it
+    found = list(inspect.signature(fn).parameters)
+    if found != params:
+        raise RuntimeError("kvfence.sglang: %s.%s takes %s, not %s; nothing was changed"
+                           % (owner.__qualname__, name, found, params))

@@ -65,7 +65,6 @@ case) then costs no room, no count and no other wrapper: only what ``send_metada
 
 from __future__ import annotations
 
-import inspect
 import math
 import threading
 import time
@@ -76,6 +75,7 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Se
 import kvfence
 
 from . import _state
+from ._patching import require_params
 from ._state import RankRegistry, logger
 from .teardown import mooncake_tcp_torn_down
 
@@ -781,10 +781,7 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
     _DEVICE = KVTransferDestination.DEVICE
     # The send_metadata wrapper mirrors SGLang's parameters (no *args repacking): refuse,
     # before anything is patched, an SGLang whose method takes others.
-    params = list(inspect.signature(CommonKVReceiver.__dict__["send_metadata"]).parameters)
-    if params != _SEND_METADATA_PARAMS:
-        raise RuntimeError("kvfence.sglang: CommonKVReceiver.send_metadata takes %s, not %s; "
-                           "nothing was changed" % (params, _SEND_METADATA_PARAMS))
+    require_params(CommonKVReceiver, "send_metadata", _SEND_METADATA_PARAMS)
     return [
         (CommonKVReceiver, "send_metadata", _send_metadata),
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),

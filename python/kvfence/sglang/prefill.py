@@ -1,5 +1,6 @@
-"""The prefill side: every chunk's write runs under a kvfence transfer on its room, and
-the drain ACK goes out only when kvfence says the room's transfers have ended.
+"""The prefill side: every chunk the transfer worker takes runs under a kvfence transfer
+on its room, and the drain ACK goes out only when kvfence says the room's transfers have
+ended.
 
 One :class:`PrefillGate` (a gate-mode :class:`kvfence.RoomTable` with no writers per room:
 the prefill protects its writes with transfers only) is attached to each prefill
@@ -9,20 +10,29 @@ the prefill protects its writes with transfers only) is attached to each prefill
 SGLang method (0.5.23)                          what kvfence adds
 ==============================================  ===============================================
 ``CommonKVSender.__init__``                     opens the request's room
-``MooncakeKVManager.transfer_worker``           tells the wrappers below which room the
-                                                dequeued chunk belongs to (a thread-local)
-``MooncakeKVManager.send_kvcache`` (and         ``begin_transfer`` before the write (refused
-``send_kvcache_slice``, ``send_kvcache_dcp``,   once the room is aborted: the queued chunk is
-``send_aux`` = the decode's metadata row,       not written, nothing is submitted);
-``maybe_send_extra`` = state slots)             ``complete()`` on 0, ``fail()`` on -1
+``MooncakeKVManager.transfer_worker``           its queue's ``get`` begins a transfer on the
+                                                dequeued chunk's room and ends the previous
+                                                chunk's (:class:`_ChunkTransfers`): every
+                                                write the worker makes for a chunk (KV
+                                                pages, state slots, the decode's metadata
+                                                row) is inside it; refused once the room is
+                                                aborted (SGLang then skips the chunk: it
+                                                marked the room Failed first)
+``MooncakeKVManager._poison_unsettled_send``    a write returned -1: ``fail()`` on the
+                                                chunk's transfer (Mooncake may still be
+                                                writing: the room is never "drained")
 ``MooncakeKVManager._handle_abort_notification``  ``abort`` on the room (after SGLang marked
                                                 it Failed and registered the ACK target)
 ``CommonKVManager._maybe_ack_drained_abort``    holds the ACK while kvfence's room is not
-                                                released (transfers in flight), and for
+                                                released (a chunk's transfer open), and for
                                                 good after a ``fail()``
 ``CommonKVSender.clear``                        ``finish``; a room with a failed write is
                                                 quarantined (never ACKed)
 ==============================================  ===============================================
+
+No write method is wrapped: a chunk costs the queue wrapper's ``get`` (one
+``begin_transfer`` and one ``complete``), and SGLang's own per-chunk
+``_maybe_ack_drained_abort`` call returns early for a room kvfence holds.
 """
 
 from __future__ import annotations
@@ -34,7 +44,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import kvfence
 
 from . import _state
-from ._state import RankRegistry, logger
+from ._patching import require_params
+from ._state import logger
 
 __all__ = ["PrefillGate", "patches"]
 
@@ -46,14 +57,11 @@ class PrefillGate:
     """kvfence's state for one prefill KV manager."""
 
     table: kvfence.RoomTable
-    peers: RankRegistry = field(default_factory=RankRegistry)
     room_handle: Dict[int, int] = field(default_factory=dict)  # bootstrap_room -> handle
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Released lifecycles (handle -> reason). A room's mapping outlives its release, so a
-    # chunk that passed SGLang's "room Failed?" check just before the ABORT is still
-    # refused (StaleHandle) instead of being written ungated.
+    # chunk of it dequeued after the release is refused (StaleHandle), not run ungated.
     released: Dict[int, str] = field(default_factory=dict)
-    peer_ids: Dict[str, int] = field(default_factory=dict)
     refused_chunks: int = 0
     failed_transfers: int = 0
     quarantined_rooms: int = 0
@@ -85,42 +93,6 @@ class PrefillGate:
                 if h in self.released:
                     del self.room_handle[room]
                     del self.released[h]
-
-    def begin(self, h: int, session_id: str) -> Optional[Any]:
-        """Begins a transfer on handle ``h`` for the write to ``session_id``; ``None`` if
-        the room is aborted (or finished and released): that chunk is not written."""
-        peer = self.peer_ids.get(session_id)
-        if peer is None:
-            peer = self.peer_ids[session_id] = self.peers.ids(session_id, [0])[0]
-        try:
-            return self.table.begin_transfer(h, peer)
-        except (kvfence.RoomClosed, kvfence.StaleHandle):
-            # SGLang has marked the room Failed, so it concludes Failed whatever the write
-            # returns.
-            self.refused_chunks += 1
-            return None
-
-    def write(self, room: Optional[int], session_id: str, fn: Callable[[], int]) -> int:
-        """Runs one write under a transfer on ``room``'s kvfence room."""
-        h = self.room_handle.get(room) if room is not None else None
-        if h is None:
-            return fn()
-        t = self.begin(h, session_id)
-        if t is None:
-            return 0
-        try:
-            ret = fn()
-        except BaseException:
-            t.fail()
-            self.failed_transfers += 1
-            raise
-        if ret == 0:
-            t.complete()
-        else:
-            # -1: Mooncake may still be writing (no cancel): never "drained".
-            t.fail()
-            self.failed_transfers += 1
-        return ret
 
     def abort(self, room: int) -> None:
         """The decode's ABORT for ``room``."""
@@ -190,17 +162,83 @@ _KEY = "_kvfence_gate"  # the gate, an attribute of a prefill manager (read with
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 
 
-class _RoomTrackingQueue:
-    """The worker's queue, telling the write wrappers which room a chunk is for."""
+class _ChunkTransfers:
+    """The worker's queue, wrapped: every chunk the worker takes runs under a kvfence
+    transfer on its room, from the moment it is dequeued until the worker comes back for
+    the next chunk.
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    That span covers every write the worker makes for the chunk (the KV pages of each
+    decode target, and on the last chunk the state slots and the metadata row), the
+    staging path's included, with one ``begin_transfer`` and one ``complete`` per chunk
+    and no wrapper around any write. A write that returns -1 makes SGLang call
+    ``_poison_unsettled_send``, whose wrapper fails the chunk's transfer then and there
+    (:func:`_poison_unsettled_send`): Mooncake may still be writing, so the room is never
+    "drained", and a ``clear()`` that follows finds the failure and quarantines it.
+
+    Why the transfer ends at the *next* ``get`` and not before it blocks for a chunk: it
+    ends before the inner ``get`` is called, so an idle worker holds no room. Between the
+    chunk's last write and that call SGLang only does its own bookkeeping (its
+    ``_maybe_ack_drained_abort`` for the room is held meanwhile, and sent by
+    :meth:`PrefillGate.pump` when the transfer's end releases the room).
+
+    A chunk whose ``begin_transfer`` is refused (its room is aborted, or finished and
+    released) is handed to SGLang all the same, with no transfer: SGLang's own check
+    right after the ``get`` skips it, because SGLang marks a room Failed before kvfence
+    aborts it (``_handle_abort_notification``'s wrapper) and drops its status before
+    kvfence finishes it (``clear``'s). A chunk that passed that check just before the
+    ABORT holds its transfer, so the room's release waits for it: its write lands in
+    pages the decode still holds.
+
+    ``get`` mirrors SGLang 0.5.23's ``FastQueue.get`` (no parameters; checked by
+    :func:`patches`), the one call ``transfer_worker`` makes per chunk. One per worker
+    thread (named by :data:`_tls`), used by that thread only."""
+
+    def __init__(self, inner: Any, mgr: Any) -> None:
         self._get = inner.get
+        self.put = inner.put  # the staging path re-enqueues a deferred chunk
+        self._inner = inner
+        self.mgr = mgr
+        self.gate: Optional[PrefillGate] = None  # found at the first get (see below)
+        self.cur: Optional[Any] = None  # the transfer of the chunk being processed
+        self.room: Optional[int] = None  # its room
 
-    def get(self, *a: Any, **kw: Any) -> Any:
-        chunk = self._get(*a, **kw)
-        _tls.room = getattr(chunk, "room", None)
+    def get(self) -> Any:
+        t = self.cur
+        if t is not None:
+            self.cur = None
+            t.complete()
+            gate = self.gate
+            if gate is not None and gate.table.queued_releases():
+                gate.pump(self.mgr)
+        chunk = self._get()
+        gate = self.gate
+        if gate is None:
+            # SGLang starts its workers inside MooncakeKVManager.__init__, before the
+            # wrapped __init__ attaches the gate; no chunk is queued before that.
+            gate = self.gate = getattr(self.mgr, _KEY, None)
+            if gate is None:
+                return chunk
+        if chunk is not None:
+            room = chunk.room
+            h = gate.room_handle.get(room)
+            if h is not None:
+                try:
+                    self.cur = gate.table.begin_transfer(h)
+                    self.room = room
+                except _ROOM_GONE:
+                    gate.refused_chunks += 1  # SGLang skips it (see the class's notes)
         return chunk
+
+    def fail(self, room: int) -> bool:
+        """Fails the current chunk's transfer if it is ``room``'s; whether it was."""
+        t = self.cur
+        if t is None or self.room != room:
+            return False
+        self.cur = None
+        t.fail()
+        if self.gate is not None:
+            self.gate.failed_transfers += 1
+        return True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -229,65 +267,37 @@ def _sender_clear(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _transfer_worker(orig: Callable[..., Any]) -> Callable[..., Any]:
     def transfer_worker(self: Any, queue: Any, *a: Any, **kw: Any) -> Any:
-        # Always: SGLang starts its workers inside MooncakeKVManager.__init__, before the
-        # wrapped __init__ attaches the gate.
-        return orig(self, _RoomTrackingQueue(queue), *a, **kw)
+        q = _tls.queue = _ChunkTransfers(queue, self)
+        try:
+            return orig(self, q, *a, **kw)
+        except BaseException:
+            # SGLang's worker raises when a chunk went wrong ("Prefill instance ... is
+            # dead"): what that chunk submitted may still be in flight, never drained.
+            if q.room is not None:
+                q.fail(q.room)
+            raise
     return transfer_worker
 
 
-# The write wrappers run once per chunk (and per metadata row / state send) on the
-# transfer worker: inline, no closure per call, no helper calls.
-
-
-def _kv_write(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def write(self: Any, mooncake_session_id: str, *a: Any, **kw: Any) -> Any:
-        gate = getattr(self, _KEY, None)
-        if gate is None:
-            return orig(self, mooncake_session_id, *a, **kw)
-        h = gate.room_handle.get(getattr(_tls, "room", None))
-        if h is None:
-            ret = orig(self, mooncake_session_id, *a, **kw)
-        else:
-            # PrefillGate.begin, inline (one Python frame less per chunk).
-            peer = gate.peer_ids.get(mooncake_session_id)
-            if peer is None:
-                peer = gate.peer_ids[mooncake_session_id] = gate.peers.ids(
-                    mooncake_session_id, [0])[0]
-            try:
-                t = gate.table.begin_transfer(h, peer)
-            except _ROOM_GONE:
-                # Refused: the room is aborted (SGLang has marked it Failed, so it
-                # concludes Failed whatever the write returns); nothing is submitted.
-                gate.refused_chunks += 1
-                return 0
-            try:
-                ret = orig(self, mooncake_session_id, *a, **kw)
-            except BaseException:
-                t.fail()
-                gate.failed_transfers += 1
-                raise
-            if ret == 0:
-                t.complete()
-            else:
-                # -1: Mooncake may still be writing (no cancel): never "drained".
-                t.fail()
-                gate.failed_transfers += 1
-        if gate.table.queued_releases():
-            gate.pump(self)
-        return ret
-    return write
-
-
-def _req_write(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def write(self: Any, req: Any, *a: Any, **kw: Any) -> Any:
-        gate = getattr(self, _KEY, None)
-        if gate is None:
-            return orig(self, req, *a, **kw)
-        ret = gate.write(int(req.room), req.mooncake_session_id,
-                         lambda: orig(self, req, *a, **kw))
-        gate.pump(self)
-        return ret
-    return write
+def _poison_unsettled_send(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def _poison_unsettled_send(self: Any, room: int) -> Any:
+        # A write of ``room`` returned -1 (its bytes may still land): the chunk's
+        # transfer fails, and the room is never ACKed.
+        q = getattr(_tls, "queue", None)
+        if q is None or not q.fail(room):
+            gate = _gate(self)
+            h = None if gate is None else gate.room_handle.get(room)
+            if gate is not None and h is not None:
+                # Not the chunk this worker is processing (not expected): a failed
+                # transfer of its own marks the room, if it can still be marked.
+                try:
+                    gate.table.begin_transfer(h).fail()
+                    gate.failed_transfers += 1
+                except _ROOM_GONE:
+                    logger.error("kvfence: a write to prefill room %s failed after the "
+                                 "room was closed", room)
+        return orig(self, room)
+    return _poison_unsettled_send
 
 
 def _handle_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -329,15 +339,16 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVSender  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
+    from sglang.srt.disaggregation.common.utils import FastQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    # The queue wrapper mirrors SGLang's FastQueue.get (no parameters): refuse, before
+    # anything is patched, an SGLang whose get takes others.
+    require_params(FastQueue, "get", ["self"])
     return [
         (CommonKVSender, "__init__", _sender_init),
         (CommonKVSender, "clear", _sender_clear),
         (MooncakeKVManager, "transfer_worker", _transfer_worker),
-        (MooncakeKVManager, "send_kvcache", _kv_write),
-        (MooncakeKVManager, "send_kvcache_slice", _kv_write),
-        (MooncakeKVManager, "send_kvcache_dcp", _kv_write),
-        (MooncakeKVManager, "send_aux", _req_write),
-        (MooncakeKVManager, "maybe_send_extra", _req_write),
+        (MooncakeKVManager, "_poison_unsettled_send", _poison_unsettled_send),
         (MooncakeKVManager, "_handle_abort_notification", _handle_abort_notification),
         (CommonKVManager, "_maybe_ack_drained_abort", _maybe_ack_drained_abort),
     ]
