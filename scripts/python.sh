@@ -102,6 +102,7 @@ for arg in "$@"; do
         step "binding mutations"
         mutation kvfence_py_cache_trusts_low_bits test_conversions.py test_forged_high_bits
         mutation kvfence_py_truncating_items test_conversions.py test_bad_items
+        mutation kvfence_py_queue_holds_nothing test_transfer_queue.py test_an_item_holds
         # That test injects allocation failures with CPython's _testcapi (not in every
         # build of CPython: then pytest skips it, and so does this check).
         if python -c 'import _testcapi' 2>/dev/null; then

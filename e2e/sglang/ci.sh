@@ -68,10 +68,15 @@ if d:
                   "%d/%d runs" % (r["corrupted_runs"], r["runs"]))
         else:
             check(tag + ": stock intact (not a racing scenario)", r["corrupted_runs"] == 0)
-    r = rows.get(("chunk_after_check", "kvfence"))
-    check("chunk_after_check/kvfence: the prefill refused the aborted room's chunk",
+    r = rows.get(("queued_chunk", "kvfence"))
+    check("queued_chunk/kvfence: the prefill refused the aborted room's queued chunks",
           r is not None and r["refused_chunks"] >= r["runs"],
           "%s refused" % (r["refused_chunks"] if r else "?"))
+    r = rows.get(("chunk_after_check", "kvfence"))
+    rel = r and r["released_after_median_s"]
+    check("chunk_after_check/kvfence: released only after the chunk dequeued before the "
+          "ABORT was written (its transfer held the room through the 1 s window)",
+          rel is not None and rel >= 0.95, "released after %s s" % rel)
     for rule in ("stock", "kvfence"):
         check("normal path byte-exact (%s)" % rule, ("normal", rule) in rows
               and rows[("normal", rule)]["corrupted_runs"] == 0)

@@ -9,6 +9,7 @@ __all__ = [
     "RoomTable",
     "Transfer",
     "Released",
+    "TransferQueue",
     "MAX_WRITERS",
     "MAX_ROOMS",
     "MAX_PAGES",
@@ -71,6 +72,44 @@ class Transfer:
         traceback: Optional[TracebackType],
     ) -> bool:
         """Completes on a normal exit, fails on an exception (which propagates)."""
+
+@final
+class TransferQueue:
+    """A work queue whose every item holds a kvfence transfer on its room from the
+    ``get`` that returns it until the next ``get`` (see ``help(TransferQueue)``)."""
+
+    def __new__(cls, queue: Any, key: str = "room") -> TransferQueue:
+        """Wraps ``queue`` (``get()``, optionally ``put(item)``); ``key``: the item
+        attribute that names its room in ``bind``'s ``handles``."""
+    @property
+    def queue(self) -> Any:
+        """The wrapped queue."""
+    @property
+    def current(self) -> Any:
+        """The key of the item whose transfer is open, or ``None``."""
+    @property
+    def refused(self) -> int:
+        """Items returned with no transfer: their room was aborted or released."""
+    @property
+    def failed(self) -> int:
+        """Transfers ended by ``fail``."""
+    def bind(
+        self,
+        table: RoomTable,
+        handles: Dict[Any, int],
+        on_release: Optional[Any] = None,
+    ) -> None:
+        """Each item's room is ``handles[getattr(item, key)]`` from now on;
+        ``on_release()`` is called after a transfer's end left releases to drain. Raises
+        ``RuntimeError`` if bound already."""
+    def get(self) -> Any:
+        """Ends the previous item's transfer (completed), takes the next item (blocking
+        as the wrapped ``get`` does) and begins a transfer on its room."""
+    def fail(self, key: Any) -> bool:
+        """Fails the open transfer if its item's key equals ``key``; whether it did."""
+    def put(self, item: Any) -> None:
+        """``queue.put(item)``."""
+    def __getattr__(self, name: str) -> Any: ...
 
 @final
 class RoomTable:

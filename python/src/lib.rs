@@ -43,11 +43,12 @@ macro_rules! mutant {
 /// name panics (a typo must not quietly test the correct code).
 #[cfg(kvfence_py_mutants)]
 fn mutant_chosen(name: &str) -> bool {
-    const NAMES: [&str; 4] = [
+    const NAMES: [&str; 5] = [
         "kvfence_py_cache_trusts_low_bits",
         "kvfence_py_truncating_items",
         "kvfence_py_drain_loses",
         "kvfence_py_open_leaks_room",
+        "kvfence_py_queue_holds_nothing",
     ];
     static CHOSEN: OnceLock<Option<&'static str>> = OnceLock::new();
     let chosen = CHOSEN.get_or_init(|| {
@@ -784,6 +785,282 @@ impl Drop for PyTransfer {
     }
 }
 
+/// A work queue whose every item holds a kvfence transfer on its room while it is being
+/// processed: from the ``get`` that returns it until the next ``get``.
+///
+/// ``TransferQueue(queue, key="room")`` wraps ``queue`` (any object with ``get()`` and,
+/// optionally, ``put(item)``), as a transfer worker's queue of per-room work items: each
+/// ``get()`` first ends the transfer of the item taken before (completed: ``fail`` ends it
+/// otherwise), then takes the next item from ``queue.get()`` and begins a transfer on the
+/// room that ``handles[getattr(item, key)]`` names (``bind``). An idle worker blocked in
+/// ``get()`` holds no room; every write the worker makes for an item happens inside that
+/// item's transfer, whatever code makes it, so no write method needs a wrapper.
+///
+/// An item whose room is aborted or released is returned all the same, with no transfer:
+/// the engine must skip it (``refused`` counts them); an item with no ``key`` attribute,
+/// or whose key ``handles`` lacks, is returned with no transfer and not counted. ``None``
+/// (a sentinel) is returned as is. Before ``bind`` (the table may come after the worker
+/// starts) every item is returned with no transfer.
+///
+/// Meant for one worker thread (each worker its own queue); any thread may call ``fail``
+/// or read the counters. The transfer of a queue that is garbage-collected while one is
+/// open is failed, as a dropped ``Transfer`` is. Attributes it does not define are read
+/// from ``queue``.
+#[pyclass(frozen, module = "kvfence._kvfence", name = "TransferQueue")]
+struct PyTransferQueue {
+    /// The wrapped queue.
+    #[pyo3(get)]
+    queue: Py<PyAny>,
+    /// Its ``get``.
+    get: Py<PyAny>,
+    /// The item attribute naming its room's key in ``handles``.
+    key: Py<PyString>,
+    state: Mutex<QueueState>,
+}
+
+/// What `TransferQueue` keeps between calls (never locked while Python code runs).
+#[derive(Default)]
+struct QueueState {
+    /// What `bind` gave, once called.
+    bound: Option<Binding>,
+    /// The open transfer (its token's wire form) and its item's key.
+    current: Option<(u128, Py<PyAny>)>,
+    refused: u64,
+    failed: u64,
+}
+
+/// A `TransferQueue`'s table, `handles` dict and `on_release` callable.
+struct Binding {
+    inner: Arc<Inner>,
+    handles: Py<PyDict>,
+    on_release: Option<Py<PyAny>>,
+}
+
+impl PyTransferQueue {
+    /// Ends `current`'s transfer with `outcome`; returns the table, and `on_release` if
+    /// releases now wait for `drain_released()`.
+    fn end_current(
+        &self,
+        py: Python<'_>,
+        outcome: Outcome,
+        state: &mut QueueState,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let Some((token, _key)) = state.current.take() else {
+            return Ok(None);
+        };
+        let Some(Binding {
+            inner, on_release, ..
+        }) = state.bound.as_ref()
+        else {
+            return Ok(None);
+        };
+        let released = inner
+            .table
+            .end(TransferToken::from_wire(token), outcome)
+            .py(py)?;
+        if outcome == Outcome::Failed {
+            state.failed += 1;
+        }
+        inner.keep(released);
+        let waiting = lock(&inner.direct).len() + inner.table.queued_releases() > 0;
+        Ok(if waiting {
+            on_release.as_ref().map(|f| f.clone_ref(py))
+        } else {
+            None
+        })
+    }
+}
+
+#[pymethods]
+impl PyTransferQueue {
+    #[new]
+    #[pyo3(signature = (queue, key="room"))]
+    fn new(queue: &Bound<'_, PyAny>, key: &str) -> PyResult<Self> {
+        let py = queue.py();
+        Ok(Self {
+            get: queue.getattr("get")?.unbind(),
+            queue: queue.clone().unbind(),
+            key: PyString::intern(py, key).unbind(),
+            state: Mutex::new(QueueState::default()),
+        })
+    }
+
+    /// Binds the queue to ``table``: from now on each item's room is ``handles[key]`` (a
+    /// dict the caller keeps current: key -> handle from ``table.open``), and
+    /// ``on_release()`` (if given) is called, on the worker's thread, after a ``get`` or
+    /// ``fail`` whose transfer's end left releases waiting for ``table.drain_released()``.
+    ///
+    /// Raises ``RuntimeError`` if the queue is bound already (a queue serves one table),
+    /// ``TypeError`` if ``handles`` is not a dict.
+    #[pyo3(signature = (table, handles, on_release=None))]
+    fn bind(
+        &self,
+        table: &Bound<'_, PyRoomTable>,
+        handles: &Bound<'_, PyDict>,
+        on_release: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let new = Binding {
+            inner: Arc::clone(&table.get().inner),
+            handles: handles.clone().unbind(),
+            on_release: on_release.map(|f| f.clone().unbind()),
+        };
+        let mut state = lock(&self.state);
+        if state.bound.is_some() {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "this TransferQueue is bound to a table already",
+            ));
+        }
+        state.bound = Some(new);
+        Ok(())
+    }
+
+    /// Ends the transfer of the item taken before (completed), takes the next item from
+    /// the wrapped queue (blocking as its ``get`` does, holding no room) and begins a
+    /// transfer on the item's room. Returns the item.
+    ///
+    /// Raises what the wrapped ``get`` raises, and kvfence's ``TooManyTransfers`` or
+    /// ``InvalidHandle`` (a transfer that could not begin for a room that is not closed:
+    /// the item is not returned, so that it is never processed ungated).
+    fn get(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let (on_release, bound) = {
+            let mut state = lock(&self.state);
+            let on_release = self.end_current(py, Outcome::Completed, &mut state)?;
+            let bound = state
+                .bound
+                .as_ref()
+                .map(|b| (Arc::clone(&b.inner), b.handles.clone_ref(py)));
+            (on_release, bound)
+        };
+        if let Some(f) = on_release {
+            f.call0(py)?;
+        }
+        let item = self.get.call0(py)?;
+        let Some((inner, handles)) = bound else {
+            return Ok(item);
+        };
+        let item_ref = item.bind(py);
+        if item_ref.is_none() {
+            return Ok(item);
+        }
+        let key = match item_ref.getattr(self.key.bind(py)) {
+            Ok(key) => key,
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => {
+                return Ok(item);
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(h) = handles.bind(py).get_item(&key)? else {
+            return Ok(item);
+        };
+        let h = inner.handles.read(&h)?;
+        match inner.table.begin(h, None) {
+            Ok(token) if mutant!(kvfence_py_queue_holds_nothing) => {
+                // Test-only mutation: the transfer ends at once, holding nothing while
+                // the item is processed.
+                let released = inner.table.end(token, Outcome::Completed);
+                inner.keep(released.unwrap_or(None));
+            }
+            Ok(token) => lock(&self.state).current = Some((token.to_wire(), key.unbind())),
+            Err(Error::StaleHandle | Error::RoomClosed { .. }) => lock(&self.state).refused += 1,
+            Err(e) => return Err(to_py(py, e)),
+        }
+        Ok(item)
+    }
+
+    /// Fails the open transfer if its item's key equals ``key`` (a write of it failed:
+    /// bytes may still land, so its room is never "drained"); returns whether it did.
+    /// Calls ``on_release`` as ``get`` does.
+    fn fail(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        // The comparison runs Python code (`__eq__`): not under the lock.
+        let Some((token, current)) = lock(&self.state)
+            .current
+            .as_ref()
+            .map(|(t, k)| (*t, k.clone_ref(py)))
+        else {
+            return Ok(false);
+        };
+        if !current.bind(py).eq(key)? {
+            return Ok(false);
+        }
+        let on_release = {
+            let mut state = lock(&self.state);
+            if state.current.as_ref().map(|(t, _)| *t) != Some(token) {
+                return Ok(false); // ended meanwhile (another thread's `get` or `fail`)
+            }
+            self.end_current(py, Outcome::Failed, &mut state)?
+        };
+        if let Some(f) = on_release {
+            f.call0(py)?;
+        }
+        Ok(true)
+    }
+
+    /// The key of the item whose transfer is open, or ``None``.
+    #[getter]
+    fn current(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        lock(&self.state)
+            .current
+            .as_ref()
+            .map(|(_, k)| k.clone_ref(py))
+    }
+
+    /// Items returned with no transfer because their room was aborted or released.
+    #[getter]
+    fn refused(&self) -> u64 {
+        lock(&self.state).refused
+    }
+
+    /// Transfers ended by ``fail``.
+    #[getter]
+    fn failed(&self) -> u64 {
+        lock(&self.state).failed
+    }
+
+    /// ``queue.put(item)``.
+    fn put(&self, py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.queue.bind(py).call_method1("put", (item,))?;
+        Ok(())
+    }
+
+    /// Any other attribute: the wrapped queue's.
+    fn __getattr__(&self, py: Python<'_>, name: &Bound<'_, PyString>) -> PyResult<Py<PyAny>> {
+        Ok(self.queue.bind(py).getattr(name)?.unbind())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let (bound, current, refused, failed) = {
+            let state = lock(&self.state);
+            let current = state.current.as_ref().map(|(_, k)| k.clone_ref(py));
+            (state.bound.is_some(), current, state.refused, state.failed)
+        };
+        // `repr` of the key runs Python code: not under the lock.
+        let current = match current {
+            Some(k) => k.bind(py).repr()?.to_string(),
+            None => "None".to_owned(),
+        };
+        Ok(format!(
+            "TransferQueue(bound={}, current={current}, refused={refused}, failed={failed})",
+            py_bool(bound)
+        ))
+    }
+}
+
+impl Drop for PyTransferQueue {
+    fn drop(&mut self) {
+        // An open transfer: failed, as a dropped `Transfer` (its outcome is unknown).
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let (Some((token, _)), Some(b)) = (state.current.take(), &state.bound) {
+            if let Ok(released) = b
+                .inner
+                .table
+                .end(TransferToken::from_wire(token), Outcome::Failed)
+            {
+                b.inner.keep(released);
+            }
+        }
+    }
+}
+
 /// The kvfence room table: one room per request, deciding when its KV-cache pages may be
 /// reused.
 ///
@@ -1427,6 +1704,7 @@ fn _kvfence(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRoomTable>()?;
     m.add_class::<PyTransfer>()?;
     m.add_class::<PyReleased>()?;
+    m.add_class::<PyTransferQueue>()?;
     m.add("MAX_WRITERS", kvfence::MAX_WRITERS)?;
     m.add("MAX_ROOMS", kvfence::MAX_ROOMS)?;
     m.add("MAX_PAGES", kvfence::MAX_PAGES)?;

@@ -195,7 +195,7 @@ def test_properties_and_repr():
 
 
 def test_docstrings_everywhere():
-    for cls in (kvfence.RoomTable, kvfence.Transfer, kvfence.Released):
+    for cls in (kvfence.RoomTable, kvfence.Transfer, kvfence.Released, kvfence.TransferQueue):
         assert cls.__doc__
         for name, member in vars(cls).items():
             if not name.startswith("_"):
@@ -205,8 +205,8 @@ def test_docstrings_everywhere():
 def test_package_exports():
     """`kvfence.__all__` is the native module's names plus one class per error, each one
     importable (the stubs' check allowlists this list, so it is checked here)."""
-    core = {"RoomTable", "Transfer", "Released", "MAX_WRITERS", "MAX_ROOMS", "MAX_PAGES",
-            "__version__"}
+    core = {"RoomTable", "Transfer", "Released", "TransferQueue", "MAX_WRITERS", "MAX_ROOMS",
+            "MAX_PAGES", "__version__"}
     assert set(kvfence.__all__) == core | set(kvfence._errors.__all__)
     assert len(kvfence.__all__) == len(set(kvfence.__all__))
     namespace = {}

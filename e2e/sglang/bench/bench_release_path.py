@@ -42,9 +42,15 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 scheduler iteration without an aborted request); per call (a loop
                 of 200 calls timed), not per request
 
-Prefill: ``MooncakeKVManager.transfer_worker`` (the real loop) on a real prefill manager
-whose Mooncake engine is replaced by one that completes every write at once, draining a
-queue of chunks spread over N rooms; per chunk.
+Prefill: ``MooncakeKVManager.transfer_worker`` (the real loop) on a real prefill manager,
+draining a queue of chunks spread over N open rooms; per chunk:
+
+* ``prefill_chunk``      the Mooncake engine replaced by one that completes every write
+                         at once (what the worker itself costs: kvfence's share is
+                         largest here);
+* ``prefill_chunk_real`` the real Mooncake engine writing each chunk (4 pages of each KV
+                         buffer) over TCP to the prefill's own segment on loopback, for
+                         the first 50 rooms (N open); 3 repetitions per round.
 
 Reported: per round the median over max(3, 2000 / N) repetitions, then the median over
 rounds of each phase's time per request (per chunk), and the median of the per-round
@@ -336,6 +342,9 @@ class _FakeEngine:
         return 0
 
 
+_FAKE_ENGINE = _FakeEngine()
+
+
 class _ListQueue:
     def __init__(self, items: List[Any]) -> None:
         self.items = items
@@ -365,7 +374,8 @@ def prefill_manager() -> Any:
     port = 40000 + os.getpid() % 5000
     node.ROLE = "prefill"
     p = node.Prefill(port, port + 11)
-    p.mgr.engine = _FakeEngine()
+    _prefill["engine"] = p.mgr.engine  # the real one, for prefill_chunks(real=True)
+    p.mgr.engine = _FAKE_ENGINE
     _prefill["node"], _prefill["mgr"] = p, p.mgr
     return p.mgr
 
@@ -381,14 +391,17 @@ def decode_kv_args(mgr: Any) -> Any:
         dst_dcp_rank=0, dcp_token_item_lens=None, state_layout=None)
 
 
-def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
+def prefill_chunks(n: int, chunks: int, kvfence_on: bool, real: bool = False) -> float:
+    """The worker's time per chunk: ``chunks`` chunks for each of ``n`` open rooms, each
+    written by a fake engine that returns at once; with ``real``, by the prefill's real
+    Mooncake engine over TCP (to its own segment on loopback: 4 pages of each of its KV
+    buffers per chunk), for the first 50 rooms only (every one of the ``n`` is open)."""
     from sglang.srt.disaggregation.common.utils import TransferKVChunk
     from sglang.srt.disaggregation.mooncake.conn import TransferInfo
-    from kvfence.sglang import prefill as kpre
-
     mgr = prefill_manager()
     gate = getattr(mgr, "_kvfence_gate", None)
-    session = "127.0.0.1:1"
+    session = _prefill["engine"].get_session_id() if real else "127.0.0.1:1"
+    mgr.engine = _prefill["engine"] if real else _FAKE_ENGINE
     mgr.decode_kv_args_table[session] = decode_kv_args(mgr)
     items = []
     for i in range(n):
@@ -401,7 +414,7 @@ def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
         if kvfence_on and gate is not None:
             gate.open_room(room)
     for c in range(chunks):
-        for i in range(n):
+        for i in range(min(n, 50) if real else n):
             items.append(TransferKVChunk(
                 room=5_000_000 + i, prefill_kv_indices=np.arange(4, dtype=np.int32) + 4 * (c % 8),
                 index_slice=slice(4 * (c % 8), 4 * (c % 8) + 4), is_last_chunk=False,
@@ -419,6 +432,7 @@ def prefill_chunks(n: int, chunks: int, kvfence_on: bool) -> float:
         if gate is not None:
             gate.close(room)
             gate.pump(mgr)
+    mgr.engine = _FAKE_ENGINE
     assert not mgr.failed_sessions, mgr.failed_sessions
     return dt / len(items)
 
@@ -435,7 +449,7 @@ def main() -> int:
     prefill_manager()
     phases = ["open", "abort", "pop", "scan_first", "scan", "ack", "trickle", "release",
               "lifecycle", "success_clear", "success_drain", "success", "idle_scan",
-              "prefill_chunk"]
+              "prefill_chunk", "prefill_chunk_real"]
     raw: Dict[int, Dict[str, Dict[str, List[float]]]] = {
         n: {rule: {p: [] for p in phases} for rule in ("stock", "kvfence")} for n in sizes}
     for rnd in range(args.rounds):
@@ -454,6 +468,9 @@ def main() -> int:
                         acc[k].append(v)
                     acc["success"].append(life["open"] + ok["success_clear"] + ok["success_drain"])
                     acc["prefill_chunk"].append(prefill_chunks(n, 2, rule == "kvfence"))
+                for _ in range(3):
+                    acc["prefill_chunk_real"].append(
+                        prefill_chunks(n, 2, rule == "kvfence", real=True))
                 for p in phases:
                     raw[n][rule][p].append(statistics.median(acc[p]))
         print("round %d done" % (rnd + 1), file=sys.stderr, flush=True)

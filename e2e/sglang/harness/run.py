@@ -132,8 +132,16 @@ def s_inflight_drained(pp: Pair, run: int) -> Dict[str, Any]:
     return race(pp, run, mode="hold", delay=1.0, deadline=30.0, budget=2.0)
 
 
+def _refused(pp: Pair) -> int:
+    """The prefill's kvfence refused_chunks (0 for stock)."""
+    return sum(g["refused_chunks"] for g in pp.p.call(op="state")["kvfence"].get("prefill", []))
+
+
 def s_queued_chunk(pp: Pair, run: int) -> Dict[str, Any]:
+    # R1's chunks wait in the worker's queue behind r0's held write when R1 is aborted:
+    # SGLang skips them (the room is Failed); kvfence refuses their transfer first.
     pp.knobs(30.0)
+    before = _refused(pp)
     r0 = pp.next_room()
     pp.d.call(op="open", addr=pp.addr, room=r0, pages=SMALL, rid="q0-%d" % r0)
     pp.p.call(op="send", room=r0, pages=SMALL, src_start=64, pattern=0x21, mode="hold",
@@ -146,24 +154,28 @@ def s_queued_chunk(pp: Pair, run: int) -> Dict[str, Any]:
                     r2_pattern=0x50 | (run % 16), r1_pages=r1["pages"], r2_by=1.5)
     w = pp.d.call(op="wait_success", rid="q0-%d" % r0, pattern=0x21)
     out["r0_bad_pages"] = w["bad_pages"]
-    return out
+    # R1's chunks are dequeued after r0's write: wait (up to 3 s) for kvfence to see them.
+    t0 = time.time()
+    while True:
+        out["refused_chunks"] = _refused(pp) - before
+        if out["refused_chunks"] > 0 or pp.rule != "kvfence" or time.time() - t0 > 3:
+            return out
+        time.sleep(0.05)
 
 
 def s_chunk_after_check(pp: Pair, run: int) -> Dict[str, Any]:
     # The ABORT lands after the worker dequeued the chunk and checked the room, before
-    # the write: stock writes it anyway (and waits for it); kvfence refuses it.
+    # the write: stock writes it anyway (and waits for it before its ACK); under kvfence
+    # the chunk's transfer began at its dequeue, so the room is released only after the
+    # write (released_after >= the 1 s window).
     pp.knobs(30.0)
     room = pp.next_room()
     r1 = pp.d.call(op="open", addr=pp.addr, room=room, pages=SMALL, rid="r1-%d" % room)
-    before = pp.p.call(op="state")["kvfence"]
     pp.p.call(op="send", room=room, pages=SMALL, src_start=0, pattern=0xA0 | (run % 16),
               aux=1, pre_hold=1.0)
     wait_event(pp.p, room, "write_started")
     out = pp.d.call(op="abort_and_reuse", rid="r1-%d" % room, budget=2.0,
                     r2_pattern=0x50 | (run % 16), r1_pages=r1["pages"], r2_by=2.0)
-    after = pp.p.call(op="state")["kvfence"]
-    refused = lambda k: sum(g["refused_chunks"] for g in k.get("prefill", []))  # noqa: E731
-    out["refused_chunks"] = refused(after) - refused(before)
     return out
 
 

@@ -10,14 +10,15 @@ the prefill protects its writes with transfers only) is attached to each prefill
 SGLang method (0.5.23)                          what kvfence adds
 ==============================================  ===============================================
 ``CommonKVSender.__init__``                     opens the request's room
-``MooncakeKVManager.transfer_worker``           its queue's ``get`` begins a transfer on the
-                                                dequeued chunk's room and ends the previous
-                                                chunk's (:class:`_ChunkTransfers`): every
-                                                write the worker makes for a chunk (KV
-                                                pages, state slots, the decode's metadata
-                                                row) is inside it; refused once the room is
-                                                aborted (SGLang then skips the chunk: it
-                                                marked the room Failed first)
+``MooncakeKVManager.transfer_worker``           its queue is wrapped in a
+                                                :class:`kvfence.TransferQueue`, whose
+                                                ``get`` begins a transfer on the dequeued
+                                                chunk's room and ends the previous chunk's:
+                                                every write the worker makes for a chunk
+                                                (KV pages, state slots, the decode's
+                                                metadata row) is inside it; refused once the
+                                                room is aborted (SGLang then skips the
+                                                chunk: it marked the room Failed first)
 ``MooncakeKVManager._poison_unsettled_send``    a write returned -1: ``fail()`` on the
                                                 chunk's transfer (Mooncake may still be
                                                 writing: the room is never "drained")
@@ -30,14 +31,34 @@ SGLang method (0.5.23)                          what kvfence adds
                                                 quarantined (never ACKed)
 ==============================================  ===============================================
 
-No write method is wrapped: a chunk costs the queue wrapper's ``get`` (one
-``begin_transfer`` and one ``complete``), and SGLang's own per-chunk
-``_maybe_ack_drained_abort`` call returns early for a room kvfence holds.
+No write method is wrapped: a chunk costs one native call (the queue's ``get``: the
+previous chunk's transfer ended, the next one's begun, no Python frame), and SGLang's own
+per-chunk ``_maybe_ack_drained_abort`` call returns early for a room kvfence holds.
+
+Why a chunk's transfer spans from its dequeue to the worker's next ``get``: that span
+covers every write the worker makes for the chunk, whichever method makes it (the staging
+path's included), and ends before the worker blocks for more work, so an idle worker holds
+no room. Between the chunk's last write and that ``get`` SGLang only does its own
+bookkeeping; its ``_maybe_ack_drained_abort`` for the room is held meanwhile, and
+:meth:`PrefillGate.pump` sends it when the transfer's end releases the room. A write that
+returns -1 makes SGLang call ``_poison_unsettled_send``, whose wrapper fails the chunk's
+transfer then and there (Mooncake may still be writing: the room is never "drained", and
+the ``clear()`` that follows finds the failure and quarantines the room).
+
+A chunk whose transfer is refused (its room aborted, or finished and released) is handed
+to SGLang all the same, with no transfer: SGLang's own check right after the ``get``
+skips it, because SGLang marks a room Failed before kvfence aborts it
+(``_handle_abort_notification``'s wrapper) and drops its status before kvfence finishes
+it (``clear``'s). A chunk that passed that check just before the ABORT holds its transfer,
+so the room's release waits for it: its write lands in pages the decode still holds.
+(``python/tests/sglang_prefill_gate_check.py`` takes SGLang's own drain count and poison
+set away and shows this gate alone holds the ACK.)
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -62,9 +83,20 @@ class PrefillGate:
     # Released lifecycles (handle -> reason). A room's mapping outlives its release, so a
     # chunk of it dequeued after the release is refused (StaleHandle), not run ungated.
     released: Dict[int, str] = field(default_factory=dict)
-    refused_chunks: int = 0
-    failed_transfers: int = 0
+    # The transfer workers' queues (kvfence.TransferQueue), bound to this gate.
+    queues: List[kvfence.TransferQueue] = field(default_factory=list)
+    failed_elsewhere: int = 0  # -1s of a room no worker queue was processing
     quarantined_rooms: int = 0
+
+    @property
+    def refused_chunks(self) -> int:
+        """Chunks not written: their room was aborted (or released) when dequeued."""
+        return sum(q.refused for q in list(self.queues))
+
+    @property
+    def failed_transfers(self) -> int:
+        """Chunks a write of which returned -1 (their bytes may still land)."""
+        return self.failed_elsewhere + sum(q.failed for q in list(self.queues))
 
     def __hash__(self) -> int:
         return id(self)
@@ -150,7 +182,10 @@ def _gate(mgr: Any) -> Optional[PrefillGate]:
 def attach(mgr: Any) -> PrefillGate:
     """Attaches a gate to a prefill manager (from the wrapped ``__init__``)."""
     gate = PrefillGate(kvfence.RoomTable(_state.config.rooms, release_queue=False))
-    setattr(mgr, _KEY, gate)
+    with _unbound_lock:
+        setattr(mgr, _KEY, gate)
+        for q in _unbound.pop(mgr, []):
+            _bind(q, gate, mgr)
     # The generation-tagged drain ACK, whatever the deferred-release flag says.
     mgr.enable_deferred_decode_kv_release = True
     _state.prefill_gates.add(gate)
@@ -162,86 +197,18 @@ _KEY = "_kvfence_gate"  # the gate, an attribute of a prefill manager (read with
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 
 
-class _ChunkTransfers:
-    """The worker's queue, wrapped: every chunk the worker takes runs under a kvfence
-    transfer on its room, from the moment it is dequeued until the worker comes back for
-    the next chunk.
+# The worker queues made before their manager's gate was attached (SGLang starts the
+# transfer workers inside MooncakeKVManager.__init__, before the wrapped __init__ attaches
+# the gate; no chunk is queued before that): bound by attach().
+_unbound: "weakref.WeakKeyDictionary[Any, List[kvfence.TransferQueue]]" = \
+    weakref.WeakKeyDictionary()
+_unbound_lock = threading.Lock()
 
-    That span covers every write the worker makes for the chunk (the KV pages of each
-    decode target, and on the last chunk the state slots and the metadata row), the
-    staging path's included, with one ``begin_transfer`` and one ``complete`` per chunk
-    and no wrapper around any write. A write that returns -1 makes SGLang call
-    ``_poison_unsettled_send``, whose wrapper fails the chunk's transfer then and there
-    (:func:`_poison_unsettled_send`): Mooncake may still be writing, so the room is never
-    "drained", and a ``clear()`` that follows finds the failure and quarantines it.
 
-    Why the transfer ends at the *next* ``get`` and not before it blocks for a chunk: it
-    ends before the inner ``get`` is called, so an idle worker holds no room. Between the
-    chunk's last write and that call SGLang only does its own bookkeeping (its
-    ``_maybe_ack_drained_abort`` for the room is held meanwhile, and sent by
-    :meth:`PrefillGate.pump` when the transfer's end releases the room).
-
-    A chunk whose ``begin_transfer`` is refused (its room is aborted, or finished and
-    released) is handed to SGLang all the same, with no transfer: SGLang's own check
-    right after the ``get`` skips it, because SGLang marks a room Failed before kvfence
-    aborts it (``_handle_abort_notification``'s wrapper) and drops its status before
-    kvfence finishes it (``clear``'s). A chunk that passed that check just before the
-    ABORT holds its transfer, so the room's release waits for it: its write lands in
-    pages the decode still holds.
-
-    ``get`` mirrors SGLang 0.5.23's ``FastQueue.get`` (no parameters; checked by
-    :func:`patches`), the one call ``transfer_worker`` makes per chunk. One per worker
-    thread (named by :data:`_tls`), used by that thread only."""
-
-    def __init__(self, inner: Any, mgr: Any) -> None:
-        self._get = inner.get
-        self.put = inner.put  # the staging path re-enqueues a deferred chunk
-        self._inner = inner
-        self.mgr = mgr
-        self.gate: Optional[PrefillGate] = None  # found at the first get (see below)
-        self.cur: Optional[Any] = None  # the transfer of the chunk being processed
-        self.room: Optional[int] = None  # its room
-
-    def get(self) -> Any:
-        t = self.cur
-        if t is not None:
-            self.cur = None
-            t.complete()
-            gate = self.gate
-            if gate is not None and gate.table.queued_releases():
-                gate.pump(self.mgr)
-        chunk = self._get()
-        gate = self.gate
-        if gate is None:
-            # SGLang starts its workers inside MooncakeKVManager.__init__, before the
-            # wrapped __init__ attaches the gate; no chunk is queued before that.
-            gate = self.gate = getattr(self.mgr, _KEY, None)
-            if gate is None:
-                return chunk
-        if chunk is not None:
-            room = chunk.room
-            h = gate.room_handle.get(room)
-            if h is not None:
-                try:
-                    self.cur = gate.table.begin_transfer(h)
-                    self.room = room
-                except _ROOM_GONE:
-                    gate.refused_chunks += 1  # SGLang skips it (see the class's notes)
-        return chunk
-
-    def fail(self, room: int) -> bool:
-        """Fails the current chunk's transfer if it is ``room``'s; whether it was."""
-        t = self.cur
-        if t is None or self.room != room:
-            return False
-        self.cur = None
-        t.fail()
-        if self.gate is not None:
-            self.gate.failed_transfers += 1
-        return True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+def _bind(q: kvfence.TransferQueue, gate: PrefillGate, mgr: Any) -> None:
+    """Binds a worker's queue to the gate of its manager ``mgr``."""
+    q.bind(gate.table, gate.room_handle, lambda: gate.pump(mgr))
+    gate.queues.append(q)
 
 
 def _sender_init(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -267,14 +234,22 @@ def _sender_clear(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _transfer_worker(orig: Callable[..., Any]) -> Callable[..., Any]:
     def transfer_worker(self: Any, queue: Any, *a: Any, **kw: Any) -> Any:
-        q = _tls.queue = _ChunkTransfers(queue, self)
+        # Every chunk the worker takes holds a transfer on its room until it comes back
+        # for the next one (kvfence.TransferQueue: native, no Python frame per chunk).
+        q = _tls.queue = kvfence.TransferQueue(queue, "room")
+        with _unbound_lock:
+            gate = _gate(self)
+            if gate is not None:
+                _bind(q, gate, self)
+            else:
+                _unbound.setdefault(self, []).append(q)
         try:
             return orig(self, q, *a, **kw)
         except BaseException:
             # SGLang's worker raises when a chunk went wrong ("Prefill instance ... is
             # dead"): what that chunk submitted may still be in flight, never drained.
-            if q.room is not None:
-                q.fail(q.room)
+            if q.current is not None:
+                q.fail(q.current)
             raise
     return transfer_worker
 
@@ -292,7 +267,7 @@ def _poison_unsettled_send(orig: Callable[..., Any]) -> Callable[..., Any]:
                 # transfer of its own marks the room, if it can still be marked.
                 try:
                     gate.table.begin_transfer(h).fail()
-                    gate.failed_transfers += 1
+                    gate.failed_elsewhere += 1
                 except _ROOM_GONE:
                     logger.error("kvfence: a write to prefill room %s failed after the "
                                  "room was closed", room)
