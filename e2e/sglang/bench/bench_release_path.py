@@ -6,13 +6,13 @@ rounds, alternating), at 10, 1,000 and 10,000 requests in flight.
 
 Decode, SGLang's real methods on managers, receivers and a DecodeTransferQueue built with
 ``__new__`` plus fakes, as SGLang's own unit tests do (no ZMQ, network or allocator; the
-ABORT goes to a fake socket, ``release_kv_cache`` is a no-op): for N requests in flight
+metadata and the ABORT go to a fake socket, ``release_kv_cache`` is a no-op): for N requests in flight
 whose destinations were published, one lifecycle is timed phase by phase:
 
-* ``open``      ``send_metadata``'s wrapper around a stub of SGLang's method (which would
-                send the metadata: not timed), minus nothing: stock is the stub's call
-                alone; kvfence keeps the request's writers and holds on the receiver
-                (no room, no count)
+* ``open``      ``send_metadata``: SGLang's own (its metadata message built for each
+                prefill rank and handed to the fake socket); kvfence's wrapper around it
+                also keeps the request's writers and holds on the receiver (no room, no
+                count)
 * ``abort``     ``CommonKVReceiver.abort()`` (fan-out to the fake socket); kvfence opens
                 the room of the request whose metadata went out here
 * ``pop``       ``DecodeTransferQueue.pop_transferred()`` with N Failed polls -> N held
@@ -29,6 +29,9 @@ whose destinations were published, one lifecycle is timed phase by phase:
                 each), per released request
 * ``lifecycle`` open + abort + pop + scan_first + ack + release: one aborted request's
                 whole cost in the release path, the per-iteration scans not included
+                (``breakeven_iterations``: after how many scheduler iterations held the
+                per-iteration saving, stock's ``scan`` minus kvfence's, repays kvfence's
+                extra ``lifecycle`` cost)
 * ``success_clear`` the normal path (the transfer succeeded): ``receiver.clear()`` with
                 the room's status Success, which SGLang's ``pop_transferred`` calls
                 through ``_commit_transfer_to_req`` (kvfence adds nothing there: only
@@ -50,9 +53,10 @@ draining a queue of chunks spread over N open rooms; per chunk:
                          largest here);
 * ``prefill_chunk_real`` the real Mooncake engine writing each chunk (4 pages of each KV
                          buffer) over TCP to the prefill's own segment on loopback, for
-                         the first 50 rooms (N open); 3 repetitions per round.
+                         the first 50 rooms (N open); 7 repetitions per round.
 
-Reported: per round the median over max(3, 2000 / N) repetitions, then the median over
+Decode phases run with the garbage collector off (after collecting the young
+generations), as ``timeit`` runs. Reported: per round the median over max(3, 2000 / N) repetitions, then the median over
 rounds of each phase's time per request (per chunk), and the median of the per-round
 ratios kvfence/stock. Machine: whatever runs it (results
 committed in RESULTS.md name it).
@@ -85,7 +89,7 @@ os.environ["KVFENCE_SGLANG"] = "0"  # this script toggles install() itself
 import kvfence.sglang as ks  # noqa: E402
 from sglang.srt.disaggregation import decode as dec  # noqa: E402
 from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: E402
-from sglang.srt.disaggregation.common.conn import AbortAck  # noqa: E402
+from sglang.srt.disaggregation.common.conn import AbortAck, CommonKVReceiver  # noqa: E402
 from sglang.srt.disaggregation.mooncake.conn import (  # noqa: E402
     MooncakeKVManager,
     MooncakeKVReceiver,
@@ -121,16 +125,19 @@ def decode_manager(kvfence_on: bool) -> Any:
         from kvfence.sglang import decode as kdec
 
         mgr = _decode_mgrs[kvfence_on] = MooncakeKVManager.__new__(MooncakeKVManager)
+        # What SGLang's send_metadata reads of its manager.
+        mgr.enable_staging = False
+        mgr.local_ip, mgr.rank_port = "127.0.0.1", 5000
+        mgr.engine = SimpleNamespace(get_session_id=lambda: "127.0.0.1:17000")
         if kvfence_on:
             kdec.attach(mgr)
     return mgr
 
 
-def _sglang_send_metadata(self: Any, kv_indices: Any, aux_index: Any = None,
-                          state_indices: Any = None, decode_prefix_len: Any = None,
-                          destination: Any = None, device_kv_indices: Any = None) -> None:
-    """Stands in for SGLang's ``send_metadata`` (which sends over ZMQ: not timed), with
-    its parameters (SGLang 0.5.23's)."""
+# SGLang 0.5.23's own send_metadata (its message built for every prefill rank, sent to the
+# fake socket below), as the scheduler runs it for every request; kvfence wraps it.
+_sglang_send_metadata = getattr(CommonKVReceiver.__dict__["send_metadata"],
+                                "__kvfence_original__", CommonKVReceiver.__dict__["send_metadata"])
 
 
 # kvfence_on -> send_metadata as the benchmark calls it (the A/B sets other adapters')
@@ -138,7 +145,7 @@ SEND_METADATA: Dict[bool, Any] = {False: _sglang_send_metadata}
 
 
 def send_metadata(kvfence_on: bool) -> Any:
-    """``send_metadata`` as a server would run it (the wrapper around the stub)."""
+    """``send_metadata`` as a server would run it (kvfence: its wrapper around SGLang's)."""
     f = SEND_METADATA.get(kvfence_on)
     if f is None:
         from kvfence.sglang import decode as kdec
@@ -183,12 +190,40 @@ def _receiver(mgr: Any, room: int, info: Any, cls: type = MooncakeKVReceiver) ->
     r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000, "is_dummy": False}]
     r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
     r._abort_generation, r._owns_bootstrap_room = None, True
+    r.required_dst_info_num = 1
+    r._connect_to_bootstrap_server = _connect
     return r
 
 
+_SOCK = (_Sock(), _LOCK)
+
+
+def _connect(bootstrap_info: Any) -> Any:
+    """The receivers' connection to a prefill's bootstrap server: a fake socket (the
+    messages SGLang builds are dropped, not sent)."""
+    return _SOCK
+
+
+def _gc_off(f: Any) -> Any:
+    """Runs ``f`` with the garbage collector off (as ``timeit`` does), after collecting
+    the young generations (the previous run's garbage): a full collection of 10,000
+    requests' objects landing inside one timed phase was measured as that phase's cost
+    (~40 us per request) in earlier runs, for either side at random. (Not a full
+    collection before each run: it walks the whole heap and leaves the caches cold, which
+    doubled every phase at 10 in flight.) Both sides run the same way."""
+    def run(*a: Any, **kw: Any) -> Any:
+        gc.collect(1)
+        gc.disable()
+        try:
+            return f(*a, **kw)
+        finally:
+            gc.enable()
+    run.__doc__ = f.__doc__
+    return run
+
+
+@_gc_off
 def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
-    # The previous lifecycle's young garbage is collected here, not inside a timed phase.
-    gc.collect(1)
     mgr = decode_manager(kvfence_on)
     mgr._deferred_abort_ack_tracker = {}
     mgr._deferred_abort_generation = 0
@@ -221,12 +256,10 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
         output_streamer=SimpleNamespace(stream_output=lambda reqs, logprob: None),
         metrics_reporter=SimpleNamespace(enable_metrics=False))
     q._clean_hicache_prefetch_resources = lambda decode_req: None
-    sock = (_Sock(), _LOCK)
     reqs = []
     for i in range(n):
         room = 1_000_000 + i
         r = _receiver(mgr, room, info, _receiver_class(kvfence_on))
-        r._connect_to_bootstrap_server = lambda bi, _s=sock: _s
         mgr.request_status[room] = KVPoll.WaitingForInput
         reqs.append(dec.DecodeRequest(
             req=SimpleNamespace(rid="r%d" % i, bootstrap_room=room, return_logprob=False,
@@ -284,10 +317,10 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     return out
 
 
+@_gc_off
 def decode_success(n: int, kvfence_on: bool) -> Dict[str, float]:
     """The normal path: N rooms open (kvfence) whose transfers succeeded; one idle
     scheduler iteration (nothing held), then each receiver's ``clear()``."""
-    gc.collect(1)
     mgr = decode_manager(kvfence_on)
     mgr.request_status = {}
     mgr.required_prefill_response_num_table = {}
@@ -468,7 +501,7 @@ def main() -> int:
                         acc[k].append(v)
                     acc["success"].append(life["open"] + ok["success_clear"] + ok["success_drain"])
                     acc["prefill_chunk"].append(prefill_chunks(n, 2, rule == "kvfence"))
-                for _ in range(3):
+                for _ in range(7):
                     acc["prefill_chunk_real"].append(
                         prefill_chunks(n, 2, rule == "kvfence", real=True))
                 for p in phases:
@@ -483,14 +516,29 @@ def main() -> int:
             out.append({"in_flight": n, "phase": p, "stock_us": statistics.median(s) * 1e6,
                         "kvfence_us": statistics.median(k) * 1e6,
                         "ratio": statistics.median(ratios) if ratios else None})
+    # An aborted request's extra cost under kvfence (its lifecycle) against what kvfence
+    # saves on each scheduler iteration it is held (stock scans it, kvfence does not):
+    # the iterations held after which kvfence has cost less for it than stock.
+    med = {(r["in_flight"], r["phase"]): r for r in out}
+    breakeven: Dict[int, Any] = {}
+    for n in sizes:
+        life, scan = med[(n, "lifecycle")], med[(n, "scan")]
+        saved = scan["stock_us"] - scan["kvfence_us"]
+        extra = life["kvfence_us"] - life["stock_us"]
+        breakeven[n] = None if saved <= 0 else max(0.0, extra / saved)
     if args.json:
-        print(json.dumps({"rounds": args.rounds, "results": out}, indent=1))
+        print(json.dumps({"rounds": args.rounds, "results": out,
+                          "breakeven_iterations": breakeven}, indent=1))
     else:
         print("%9s  %-14s %10s %11s %8s" % ("in flight", "phase", "stock us", "kvfence us", "ratio"))
         for r in out:
             print("%9d  %-14s %10.2f %11.2f %8s" % (
                 r["in_flight"], r["phase"], r["stock_us"], r["kvfence_us"],
                 "%.2fx" % r["ratio"] if r["ratio"] else "-"))
+        for n in sizes:
+            k = breakeven[n]
+            print("%9d  an aborted request costs less under kvfence once held %s" % (
+                n, "%.1f scheduler iterations" % k if k is not None else "(never: no saving)"))
     os._exit(0)
 
 
