@@ -379,13 +379,22 @@ _FAKE_ENGINE = _FakeEngine()
 
 
 class _ListQueue:
+    """The worker's queue: the chunks, then None (SGLang's teardown sentinel). Times the
+    worker from its first ``get`` to its last: the chunks' processing, not the worker's
+    start (kvfence wraps its queue then: once per worker thread in a server, once per
+    measurement here)."""
+
     def __init__(self, items: List[Any]) -> None:
         self.items = items
         self.i = 0
+        self.t_first = self.t_last = 0.0
 
     def get(self) -> Any:
         if self.i == len(self.items):
+            self.t_last = time.perf_counter()
             return None
+        if self.i == 0:
+            self.t_first = time.perf_counter()
         self.i += 1
         return self.items[self.i - 1]
 
@@ -455,9 +464,9 @@ def prefill_chunks(n: int, chunks: int, kvfence_on: bool, real: bool = False) ->
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        t0 = time.perf_counter()
-        mgr.transfer_worker(_ListQueue(items), ex)
-        dt = time.perf_counter() - t0
+        q = _ListQueue(items)
+        mgr.transfer_worker(q, ex)
+        dt = q.t_last - q.t_first
     for i in range(n):
         room = 5_000_000 + i
         mgr.request_status.pop(room, None)
