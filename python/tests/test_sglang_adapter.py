@@ -172,47 +172,30 @@ def test_install_uninstall_on_the_real_sglang(monkeypatch):
         assert c.__dict__[n] is f
 
 
-def test_install_refuses_a_send_metadata_with_other_parameters(monkeypatch):
-    """The send_metadata wrapper mirrors SGLang 0.5.23's parameters (a positional call,
-    no repacking): an SGLang whose method takes others is refused, nothing patched."""
+@pytest.mark.parametrize("target", ["CommonKVReceiver.send_metadata", "FastQueue.get"])
+def test_install_refuses_a_mirrored_method_with_other_parameters(monkeypatch, target):
+    """The wrappers on the hot paths mirror SGLang 0.5.23's parameters, so that they call
+    SGLang with a plain positional call (no repacking): ``send_metadata`` (every request)
+    and the prefill worker queue's ``get`` (every chunk). An SGLang whose method takes
+    others is refused, nothing patched."""
     pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
-
-    if ks.installed():
-        pytest.skip("installed by the start-up hook in this process")
-
-    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, extra=None):
-        raise AssertionError("not called")
-
-    monkeypatch.setattr(CommonKVReceiver, "send_metadata", send_metadata)
-    ack = CommonKVManager.__dict__["note_abort_ack"]
-    with pytest.raises(RuntimeError, match=r"send_metadata takes .*'extra'.*nothing was changed"):
-        ks.install()
-    assert not ks.installed()
-    assert CommonKVReceiver.__dict__["send_metadata"] is send_metadata
-    assert CommonKVManager.__dict__["note_abort_ack"] is ack
-
-
-def test_install_refuses_a_worker_queue_get_with_other_parameters(monkeypatch):
-    """The prefill's per-chunk wrapper (the worker queue's ``get``) mirrors SGLang
-    0.5.23's ``FastQueue.get`` (no parameters): another SGLang's is refused, nothing
-    patched."""
-    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
-    from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.disaggregation.common.utils import FastQueue
 
     if ks.installed():
         pytest.skip("installed by the start-up hook in this process")
 
-    def get(self, block=True, extra=None):
+    def other(self, kv_indices=None, extra=None):
         raise AssertionError("not called")
 
-    monkeypatch.setattr(FastQueue, "get", get)
+    cls, name = target.split(".")
+    owner = {"CommonKVReceiver": CommonKVReceiver, "FastQueue": FastQueue}[cls]
+    monkeypatch.setattr(owner, name, other)
     ack = CommonKVManager.__dict__["note_abort_ack"]
-    with pytest.raises(RuntimeError, match=r"FastQueue.get takes .*'extra'.*nothing was changed"):
+    with pytest.raises(RuntimeError, match=r"%s takes .*'extra'.*nothing was changed" % name):
         ks.install()
     assert not ks.installed()
-    assert FastQueue.__dict__["get"] is get
+    assert owner.__dict__[name] is other
     assert CommonKVManager.__dict__["note_abort_ack"] is ack
 
 
