@@ -11,8 +11,9 @@ same). Each round installs one variant (the other uninstalled) and runs
 + first scan + ACK + release) and ``decode_success`` (a successful one: send_metadata +
 clear + the next iteration) max(3, 2000 / N) times; per round the median, then the median
 over rounds and the median of the per-round ratios head/base. "open" is each variant's
-own ``send_metadata`` wrapper around the same stub of SGLang's method. Stock SGLang runs
-too (the same phases, the stub alone) as the floor both are measured against.
+own ``send_metadata`` wrapper around SGLang's own method (to the benchmark's fake socket;
+a stub before 2026-12-05). Stock SGLang runs too (the same phases, its method alone) as
+the floor both are measured against.
 
 Bases measured (e2e/sglang/bench/RESULTS.md): ``8e43593`` (the room opened at
 ``send_metadata``) against 14d634d (admitted there, opened at the abort);
