@@ -42,7 +42,6 @@ sys.path.insert(0, HERE)
 os.environ["KVFENCE_SGLANG_METRICS"] = "0"  # two adapters, one Prometheus registry
 import bench_release_path as b  # noqa: E402  (sets SGLang's environment, patches fakes)
 
-from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # noqa: E402
 
 PHASES = ["open", "abort", "lifecycle", "success_clear", "success_drain", "success"]
 
@@ -69,27 +68,35 @@ def load_base(base: str) -> Any:
 
 
 def manager(adapter: Any) -> Any:
-    mgr = MooncakeKVManager.__new__(MooncakeKVManager)
+    mgr = b.new_decode_manager()
     import_module(adapter.__name__ + ".decode").attach(mgr)
     return mgr
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
+def setup(doc: str, default_base: str) -> Any:
+    """The A/B scripts' command line and start: ``(args, sizes, head, base, prefill
+    manager)``; the prefill manager is built with the head's gate attached (it also sets
+    up torch.distributed's one-rank group SGLang reduces over)."""
+    ap = argparse.ArgumentParser(description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default="10,1000,10000")
-    ap.add_argument("--base", default="faefaf9")
+    ap.add_argument("--base", default=default_base)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     head = b.ks
     base = load_base(args.base)
     head.install()
-    b.prefill_manager()  # (also sets up torch.distributed's one-rank group SGLang reduces over)
+    mgr = b.prefill_manager()
     head.uninstall()
+    return args, sizes, head, base, mgr
+
+
+def main() -> int:
+    args, sizes, head, base, _ = setup(__doc__ or "", "faefaf9")
     adapters = {"base": base, "head": head}
-    mgrs = {"stock": MooncakeKVManager.__new__(MooncakeKVManager)}
+    mgrs = {"stock": b.new_decode_manager()}
     sends = {"stock": b.send_metadata(False)}
     for v, a in adapters.items():
         a.install()

@@ -19,7 +19,6 @@ against the native ``kvfence.TransferQueue`` (one transfer per chunk, no write w
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -35,19 +34,7 @@ import bench_release_path as b  # noqa: E402  (sets SGLang's environment, patche
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--sizes", default="10,1000,10000")
-    ap.add_argument("--base", default="a3eb3b8")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    head = b.ks
-    base = ab.load_base(args.base)
-    head.install()
-    mgr = b.prefill_manager()  # built with the head's gate attached
-    head.uninstall()
+    args, sizes, head, base, mgr = ab.setup(__doc__ or "", "a3eb3b8")
     gates = {"head": mgr._kvfence_gate,
              "base": import_module(base.__name__ + ".prefill").attach(mgr)}
     adapters = {"base": base, "head": head}

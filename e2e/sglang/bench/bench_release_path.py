@@ -117,6 +117,16 @@ _decode_mgrs: Dict[bool, Any] = {}
 _PREFILL_INFO = SimpleNamespace(pp_size=1, attn_cp_size=1)
 
 
+def new_decode_manager() -> Any:
+    """A decode MooncakeKVManager made with ``__new__``, with what SGLang's own
+    ``send_metadata`` reads of its manager."""
+    mgr = MooncakeKVManager.__new__(MooncakeKVManager)
+    mgr.enable_staging = False
+    mgr.local_ip, mgr.rank_port = "127.0.0.1", 5000
+    mgr.engine = SimpleNamespace(get_session_id=lambda: "127.0.0.1:17000")
+    return mgr
+
+
 def decode_manager(kvfence_on: bool) -> Any:
     """One decode manager per side for the whole run, as in a server (kvfence's has a
     gate: its table is made once, not per lifecycle)."""
@@ -124,11 +134,7 @@ def decode_manager(kvfence_on: bool) -> Any:
     if mgr is None:
         from kvfence.sglang import decode as kdec
 
-        mgr = _decode_mgrs[kvfence_on] = MooncakeKVManager.__new__(MooncakeKVManager)
-        # What SGLang's send_metadata reads of its manager.
-        mgr.enable_staging = False
-        mgr.local_ip, mgr.rank_port = "127.0.0.1", 5000
-        mgr.engine = SimpleNamespace(get_session_id=lambda: "127.0.0.1:17000")
+        mgr = _decode_mgrs[kvfence_on] = new_decode_manager()
         if kvfence_on:
             kdec.attach(mgr)
     return mgr
