@@ -155,15 +155,6 @@ class PrefillGate:
         except kvfence.Error as e:
             logger.error("kvfence: closing prefill room %s: %s", room, e)
 
-    def holds_ack(self, room: int) -> bool:
-        """Whether the drain ACK of ``room`` must wait: its kvfence room is not released,
-        or it was quarantined (a write of it failed: never ACKed)."""
-        h = self.room_handle.get(room)
-        if h is None:
-            return False
-        reason = self.released.get(h)
-        return reason is None or reason == "quarantined"
-
     def pump(self, mgr: Any) -> None:
         """Takes kvfence's releases; each released room may now be ACKed."""
         if not self.table.queued_releases():
