@@ -116,8 +116,8 @@ pub enum Error {
     /// The room already carries the maximum number of concurrent transfers (2^25 - 1, in
     /// flight or failed).
     TooManyTransfers,
-    /// The table's memory could not be allocated (nothing was allocated; the process goes
-    /// on).
+    /// Memory could not be allocated: for the table (`RoomTable::new`), or for a page list
+    /// (`open`, `grow`, `grow_gate`, `pages_of`). Nothing changed; the process goes on.
     OutOfMemory {
         /// The size of the allocation that failed.
         bytes: usize,
@@ -184,7 +184,7 @@ impl core::fmt::Display for Error {
             }
             Error::TooManyTransfers => f.write_str("room has the maximum number of transfers in flight"),
             Error::OutOfMemory { bytes } => {
-                write!(f, "could not allocate {bytes} bytes for the room table")
+                write!(f, "out of memory: could not allocate {bytes} bytes")
             }
         }
     }

@@ -80,6 +80,15 @@ pub struct Fenced {
     pub queued: usize,
 }
 
+impl Fenced {
+    /// Whether the next release this fence performs goes to the release queue: the table
+    /// queues every release, `max` are returned already, or the list cannot grow (out of
+    /// memory: queued rather than aborting).
+    fn queue_next(&mut self, queue_mode: bool, max: usize) -> bool {
+        queue_mode || self.released.len() >= max || self.released.try_reserve(1).is_err()
+    }
+}
+
 impl RoomTable {
     /// Declares that `rank` can no longer write anywhere: the integrator has torn down its
     /// transport (QP reset, memory-region invalidation, the peer process is gone). Quiesces
@@ -124,6 +133,32 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn fence_rank(&self, rank: u32) -> Result<Fenced, Error> {
+        self.fence_rank_max(rank, usize::MAX)
+    }
+
+    /// [`fence_rank`](Self::fence_rank), returning at most `max` releases in
+    /// [`Fenced::released`]: the others go to the release queue (counted in
+    /// [`Fenced::queued`]), queued before their waiters are woken, so "wait, then drain"
+    /// finds them. For a caller with a fixed-size buffer (the C ABI). A release that the
+    /// list cannot take because memory ran out is queued too: a fence never aborts for
+    /// its result list.
+    ///
+    /// # Errors
+    /// As [`fence_rank`](Self::fence_rank).
+    ///
+    /// ```
+    /// use kvfence::{Config, RoomTable};
+    /// let table = RoomTable::new(Config::gate(8))?;
+    /// for slot in 0..3 {
+    ///     let h = table.open_gate(&[5], slot, vec![])?;
+    ///     let _ = table.abort(h)?;
+    /// }
+    /// let fenced = table.fence_rank_max(5, 1)?;
+    /// assert_eq!((fenced.released.len(), fenced.queued), (1, 2));
+    /// assert_eq!(table.queued_releases(), 2);
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn fence_rank_max(&self, rank: u32, max: usize) -> Result<Fenced, Error> {
         if rank == u32::MAX {
             return Err(Error::InvalidRank { rank });
         }
@@ -142,7 +177,8 @@ impl RoomTable {
             let Ok(Some(pos)) = slot.writers.position(state.gen(), rank) else {
                 continue;
             };
-            match self.clear_position(index, state.gen(), pos) {
+            let queue = out.queue_next(self.config.release_queue, max);
+            match self.clear_position_to(index, state.gen(), pos, queue) {
                 Ok(Quiesced::Recorded) => out.quiesced += 1,
                 Ok(Quiesced::Queued) => {
                     out.quiesced += 1;
@@ -161,7 +197,8 @@ impl RoomTable {
             let word = &self.slots[failed.index as usize].0.word;
             for _ in 0..failed.count {
                 if let Ok(Step::Released(reason)) = word.drop_hold(failed.gen, Hold::Transfer) {
-                    match self.release(failed.index as usize, failed.gen, reason) {
+                    let queue = out.queue_next(self.config.release_queue, max);
+                    match self.release_to(failed.index as usize, failed.gen, reason, queue) {
                         Some(released) => out.released.push(released),
                         // A failed transfer's room was handed out: never rolled back.
                         None => out.queued += 1,

@@ -52,9 +52,21 @@ impl PendingSet {
         None
     }
 
+    /// Whether room `index`'s release is in the queue (its bit is set). `Acquire`: a
+    /// caller that sees the bit also sees the count's increment of the same `push`.
+    pub(crate) fn contains(&self, index: usize) -> bool {
+        self.words[index / 64].load(Ordering::Acquire) & 1 << (index % 64) != 0
+    }
+
     /// Takes up to `max` pending room indices, in one pass over the words, handing each
-    /// to `f`. Bits of a word taken beyond `max` are put back (their rooms' indices are not
-    /// reused before their releases are delivered, so nobody else can set them meanwhile).
+    /// to `f`.
+    ///
+    /// Each word is taken with one `fetch_and` that clears only the bits this drain takes
+    /// (at most the `max` still wanted, out of those a load saw set): a bit is cleared only
+    /// by the drainer that delivers it, so a queued release is never out of the bitmap
+    /// while it is still pending (issue 42 item 4: a `swap(0)` that put the bits past
+    /// `max` back left them invisible to another drainer, and to a thread that had just
+    /// been woken by their release, for a moment).
     pub(crate) fn drain(&self, max: usize, mut f: impl FnMut(usize)) -> usize {
         let pending = self.count.load(Ordering::Relaxed);
         if pending == 0 || max == 0 {
@@ -62,21 +74,25 @@ impl PendingSet {
         }
         let mut taken = 0;
         for (w, word) in self.words.iter().enumerate() {
-            if word.load(Ordering::Relaxed) == 0 {
+            let seen = word.load(Ordering::Relaxed);
+            if seen == 0 {
                 continue;
             }
-            // Every bit of the word at once: one RMW, and each bit taken by one drainer.
-            let mut bits = word.swap(0, Ordering::Acquire);
-            let mut keep = bits;
-            let mut n = 0;
-            while keep != 0 && taken + n < max {
-                keep &= keep - 1;
-                n += 1;
+            // The lowest `max - taken` bits of those seen.
+            let mut want = seen;
+            let mut left = max - taken;
+            let mut rest = seen;
+            while rest != 0 {
+                if left == 0 {
+                    want &= !rest;
+                    break;
+                }
+                rest &= rest - 1;
+                left -= 1;
             }
-            if keep != 0 {
-                word.fetch_or(keep, Ordering::Release);
-                bits &= !keep;
-            }
+            // One RMW per word; a bit another drainer took meanwhile is not ours.
+            let mut bits = word.fetch_and(!want, Ordering::Acquire) & want;
+            let n = bits.count_ones() as usize;
             self.count.fetch_sub(n, Ordering::Relaxed);
             while bits != 0 {
                 f(w * 64 + bits.trailing_zeros() as usize);

@@ -26,12 +26,21 @@
 //! has at most one release pending, and its index is not reused before that release is
 //! drained), lock-free (a `fetch_or` to push; to take, a `fetch_and` clearing the bits
 //! taken: the bit arbitrates between concurrent drainers) and allocation-free.
-//! [`RoomTable::drain_released`] makes **one pass** over the bitmap words and takes every
-//! bit of a word with one `swap(0)`, so a drain of `k` releases out of `rooms` costs
+//! [`RoomTable::drain_released`] makes **one pass** over the bitmap words and takes the bits
+//! of a word it wants with one `fetch_and`, so a drain of `k` releases out of `rooms` costs
 //! `rooms / 64` loads plus one RMW per non-empty word, wherever the `k` rooms are (before
-//! issue 18 it popped one at a time, each pop restarting at word 0: `k` scans). It stops
+//! issue 18 it popped one at a time, each pop restarting at word 0: `k` scans). A bounded
+//! drain clears only the bits it takes (never a whole word put back later: issue 42), so
+//! a queued release's bit stays set until the drainer that delivers it clears it. It stops
 //! early once it has taken as many releases as the count said were pending when it
 //! began. A drain with nothing pending is one load of the count.
+//!
+//! **Queued means visible.** A release that goes to the queue stores its tag, sets its bit
+//! and only then wakes waiters; a waiter counts it as queued only once it sees the bit
+//! (`wait.rs`), so "wait, then drain" always finds it (issue 40: the C ABI pushed releases
+//! that the core had already delivered into a queue of its own, after the wake-up; callers
+//! with no use for a release now have the core queue it: [`RoomTable::end_queued`],
+//! [`RoomTable::fence_rank_max`]).
 //! [`RoomTable::pop_released`] takes one release, scanning from word 0.
 //!
 //! **The steps that may decide** live here too: dropping a hold of any kind
@@ -126,17 +135,32 @@ impl RoomTable {
         gen: u32,
         pos: usize,
     ) -> Result<Quiesced, Error> {
+        self.clear_position_to(index, gen, pos, self.config.release_queue)
+    }
+
+    /// [`clear_position`](Self::clear_position), delivering a release it performs as
+    /// `queue` says (not as the table is configured).
+    #[inline(always)]
+    pub(crate) fn clear_position_to(
+        &self,
+        index: usize,
+        gen: u32,
+        pos: usize,
+        queue: bool,
+    ) -> Result<Quiesced, Error> {
         match self.slots[index].0.writers.clear(gen, pos) {
             Err(_) => Err(Error::StaleHandle),
             Ok(Cleared::Duplicate) => Ok(Quiesced::Duplicate),
             Ok(Cleared::Bit) => Ok(Quiesced::Recorded),
             Ok(Cleared::LastOfWord) => match self.slots[index].0.word.drop_hold(gen, Hold::Writers)
             {
-                Ok(Step::Released(reason)) => Ok(match self.release(index, gen, reason) {
-                    Some(released) => Quiesced::Released(released),
-                    None if self.is_rolled_back(index, gen) => Quiesced::Recorded,
-                    None => Quiesced::Queued,
-                }),
+                Ok(Step::Released(reason)) => {
+                    Ok(match self.release_to(index, gen, reason, queue) {
+                        Some(released) => Quiesced::Released(released),
+                        None if self.is_rolled_back(index, gen) => Quiesced::Recorded,
+                        None => Quiesced::Queued,
+                    })
+                }
                 // The word's hold was ours; with the mutation above it may not be.
                 Ok(Step::Held) | Err(_) => Ok(Quiesced::Recorded),
             },
@@ -231,9 +255,8 @@ impl RoomTable {
             // SAFETY: the release of lifecycle `gen` was decided (by an RMW that
             // happens-after every writer and grower of the list) and is delivered once:
             // directly by the winner, or by the one drainer whose RMW took the room's queue
-            // bit (`fetch_and` of a pop, `swap` of a drain, both `Acquire`: they
-            // happen-after the winner's `fetch_or`; a bit a bounded drain puts back is
-            // taken again by such an RMW). The index is
+            // bit (the `fetch_and` of a pop or a drain, `Acquire`: it happens-after the
+            // winner's `fetch_or`). The index is
             // still claimed, so no opener touches the list until we free it below.
             core::mem::take(unsafe { &mut *list })
         });

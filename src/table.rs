@@ -82,6 +82,9 @@ impl RoomTable {
         let mut handed = Vec::new();
         let handle = self.open_room(writers, 0, |list| {
             list.clear();
+            // Fallible: memory running out is `OutOfMemory`, never an abort of the host.
+            try_reserve(list, pages)?;
+            try_reserve(&mut handed, pages)?;
             if !pool.claim_many(pages, list) {
                 return Err(Error::PoolExhausted { requested: pages });
             }
@@ -280,6 +283,8 @@ impl RoomTable {
                 });
             }
             let before = list.len();
+            try_reserve(list, pages)?;
+            try_reserve(&mut added, pages)?;
             if !pool.claim_many(pages, list) {
                 return Err(Error::PoolExhausted { requested: pages });
             }
@@ -310,6 +315,7 @@ impl RoomTable {
             if list.len() + pages.len() > crate::config::MAX_PAGES {
                 return Err(Error::TooManyPagesInRoom);
             }
+            try_reserve(list, pages.len())?;
             list.extend_from_slice(pages);
             Ok(())
         })
@@ -360,6 +366,7 @@ impl RoomTable {
     pub fn pages_of(&self, handle: RoomHandle) -> Result<Vec<u32>, Error> {
         let mut copy = Vec::new();
         self.grow_room(handle, |list| {
+            try_reserve(&mut copy, list.len())?;
             copy.extend_from_slice(list);
             Ok(())
         })?;
@@ -608,4 +615,12 @@ mod tests {
             last = h;
         }
     }
+}
+
+/// Makes room for `n` more ids in `v`, or [`Error::OutOfMemory`] (no abort of the host: the
+/// C ABI promises that memory running out is a status).
+fn try_reserve(v: &mut Vec<u32>, n: usize) -> Result<(), Error> {
+    v.try_reserve(n).map_err(|_| Error::OutOfMemory {
+        bytes: n.saturating_mul(core::mem::size_of::<u32>()),
+    })
 }

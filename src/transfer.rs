@@ -331,6 +331,41 @@ impl RoomTable {
         token: TransferToken,
         outcome: Outcome,
     ) -> Result<Option<Released>, Error> {
+        self.end_token(token, outcome, false)
+    }
+
+    /// Token form: [`end`](Self::end), but a release it performs goes to the release queue
+    /// (delivered by [`drain_released`](Self::drain_released)) instead of being returned:
+    /// for a caller that cannot act on a release (a destructor, a callback). The release is
+    /// queued before waiters are woken, so a thread that
+    /// [`wait_released`](Self::wait_released)s and then drains finds it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidToken`], as [`end`](Self::end).
+    ///
+    /// ```
+    /// use kvfence::{Config, Outcome, RoomTable};
+    /// let table = RoomTable::new(Config::gate(8))?;           // direct delivery
+    /// let h = table.open_gate(&[], 9, vec![1])?;
+    /// let token = table.begin(h, None)?;
+    /// let _ = table.abort(h)?;
+    /// table.end_queued(token, Outcome::Completed)?;            // the release is queued
+    /// table.wait_released(h)?;
+    /// assert_eq!(table.pop_released().map(|r| r.token), Some(9));
+    /// # Ok::<(), kvfence::Error>(())
+    /// ```
+    pub fn end_queued(&self, token: TransferToken, outcome: Outcome) -> Result<(), Error> {
+        self.end_token(token, outcome, true).map(|_| ())
+    }
+
+    /// Ends transfer `token`; `queue`: a release goes to the release queue.
+    #[inline(always)]
+    fn end_token(
+        &self,
+        token: TransferToken,
+        outcome: Outcome,
+        queue: bool,
+    ) -> Result<Option<Released>, Error> {
         let t = token.0;
         if !self.token_key.made(t) {
             return Err(Error::InvalidToken);
@@ -356,7 +391,7 @@ impl RoomTable {
         let peer = slot.peer.load(Ordering::Relaxed);
         let peer = (peer >> 32 != 0).then_some(peer as u32);
         self.tokens_free.free_one(t.index());
-        Ok(self.end_hold(room, peer, outcome, false))
+        Ok(self.end_hold(room, peer, outcome, queue))
     }
 }
 

@@ -23,8 +23,10 @@
 //! every waiter re-checks its condition under the lock.
 //!
 //! The releaser's signal is either `released_below` (a delivered release) or, for a
-//! release that goes to the release queue, the slot's `queued` tag (stored before the
-//! queue push, which is followed by the same `notify`): the argument is the same for both.
+//! release that goes to the release queue, the room's bit in the queue (set after the
+//! slot's `queued` tag is stored, and followed by the same `notify`): the argument is the
+//! same for both. The waiter checks the tag *and* the bit: the tag alone is visible before
+//! the bit is, and a waiter that went on to drain then found nothing (issue 40).
 //!
 //! **What a wait waits for** (issue 18: before, a wait with the release queue on returned
 //! only once someone had drained the release, so a scheduler thread that waits and then
@@ -54,16 +56,22 @@ use std::time::{Duration, Instant};
 
 /// Whether a room is idle: `FREE`, and its last release delivered or waiting in the
 /// release queue (not mid-way through being handed back).
-fn idle(slot: &Slot) -> bool {
+fn idle(table: &RoomTable, index: usize) -> bool {
+    let slot = &table.slots[index].0;
     let released_below = slot.released_below.load(Ordering::Acquire);
     let state = slot.word.load(Ordering::Acquire);
     state.phase() == Phase::Free
-        && (state.gen() == released_below || queued_gen(slot) == Some(state.gen().wrapping_sub(1)))
+        && (state.gen() == released_below
+            || queued(table, index, slot, state.gen().wrapping_sub(1)))
 }
 
-/// The generation whose release was last queued in this slot.
-fn queued_gen(slot: &Slot) -> Option<u32> {
-    queued_of(slot.queued.load(Ordering::Acquire)).map(|(gen, _)| gen)
+/// Whether lifecycle `gen`'s release is in the release queue: its tag is in the slot and
+/// its bit in the queue (the tag is stored before the bit is set: a waiter that saw only
+/// the tag and drained could find nothing; issue 40). Once a drainer takes the bit, the
+/// release is delivered (`released_below` moves past `gen`) and the drainer wakes waiters.
+fn queued(table: &RoomTable, index: usize, slot: &Slot, gen: u32) -> bool {
+    queued_of(slot.queued.load(Ordering::Acquire)).map(|(g, _)| g) == Some(gen)
+        && table.queue.contains(index)
 }
 
 /// `Some(now + timeout)`, or `None` (wait forever) if that is beyond what `Instant` holds.
@@ -73,7 +81,8 @@ fn deadline(timeout: Duration) -> Option<Instant> {
 
 impl RoomTable {
     /// Whether `handle`'s lifecycle's release is decided and delivered or queued.
-    fn released(slot: &Slot, gen: u32) -> bool {
+    fn released(&self, index: usize, gen: u32) -> bool {
+        let slot = &self.slots[index].0;
         let released_below = slot.released_below.load(Ordering::Acquire);
         let state = slot.word.load(Ordering::Acquire);
         // Generations compare modulo 2^32 (see `handle.rs` for the ABA bound): `behind`
@@ -84,7 +93,7 @@ impl RoomTable {
             // Over: wait until its release has handed the pages and index back, or is in
             // the release queue.
             behind if behind > 0 => {
-                (released_below.wrapping_sub(gen) as i32) > 0 || queued_gen(slot) == Some(gen)
+                (released_below.wrapping_sub(gen) as i32) > 0 || queued(self, index, slot, gen)
             }
             // Ahead of the room (never issued): nothing to wait for.
             _ => true,
@@ -117,7 +126,8 @@ impl RoomTable {
     pub fn wait_released(&self, handle: RoomHandle) -> Result<(), Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
-        slot.parking.wait_until(|| Self::released(slot, gen), None);
+        let index = handle.index();
+        slot.parking.wait_until(|| self.released(index, gen), None);
         Ok(())
     }
 
@@ -146,18 +156,19 @@ impl RoomTable {
     ) -> Result<bool, Error> {
         let slot = self.slot(handle)?;
         let gen = handle.generation();
+        let index = handle.index();
         Ok(slot
             .parking
-            .wait_until(|| Self::released(slot, gen), deadline(timeout)))
+            .wait_until(|| self.released(index, gen), deadline(timeout)))
     }
 
     fn wait_idle_until(&self, deadline: Option<Instant>) -> bool {
         loop {
-            let Some(busy) = self.slots.iter().position(|slot| !idle(slot)) else {
+            let Some(busy) = (0..self.slots.len()).find(|&i| !idle(self, i)) else {
                 return true;
             };
             let slot = &self.slots[busy].0;
-            if !slot.parking.wait_until(|| idle(slot), deadline) {
+            if !slot.parking.wait_until(|| idle(self, busy), deadline) {
                 return false;
             }
         }
