@@ -7,7 +7,10 @@
 #   3. every function of the header is called by the C/C++ tests, every status is asserted
 #   4. Rust unit tests of the boundary (every core error's status, a panic caught)
 #   5. the C API test, the threaded C test, the C++ wrapper test (C++17 and C++20), a
-#      -fno-exceptions build of the wrapper, the benchmark programs (smoke run)
+#      -fno-exceptions build of the wrapper, the benchmark programs (smoke run); issue 40's
+#      tests: test_wait_drain (wait then drain), test_oom (KVFENCE_OUT_OF_MEMORY, no
+#      abort), test_cpp_release (a Release destroyed unread is requeued), test_cpp_result
+#      (lazy messages, bad_alloc loses nothing), test_misuse (used correctly)
 #   6. mutations the threaded test must catch (writes after a refused begin, pages reused
 #      at abort, a lost release); with KVFENCE_FFI_MUTATIONS=1 also two mutations of the
 #      library itself (a dropped overflow release, no null check) that test_api must catch
@@ -17,9 +20,12 @@
 #      -Zsanitizer=thread -Zbuild-std (so TSan sees the happens-before edges of kvfence's
 #      atomics, and std's), linked with Rust's TSan runtime: all tests, and the threaded
 #      test's stale-write mutation must be reported as a data race
-#   9. valgrind memcheck (leaks, invalid accesses): all tests + a leak mutation
-#  10. install.sh into a temporary prefix; a pkg-config consumer and a CMake
-#      find_package(kvfence) consumer (shared, static, C++) build and run
+#   9. valgrind memcheck (leaks, invalid accesses): all tests + a leak mutation, and the
+#      misuses the header warns about (a use after free of the table, a double free)
+#  10. install.sh into a temporary prefix (stripped libraries, or the debug info apart);
+#      ffi/README.md's build commands run verbatim against it (tests/readme_build.sh: the
+#      pkg-config shared build runs without LD_LIBRARY_PATH, kvfence-static and
+#      cc -static); a CMake find_package(kvfence) consumer (shared, static, C++)
 #
 # Installs with apt what is missing (valgrind, cmake, pkg-config). A tool that cannot be
 # installed, or no nightly toolchain / rust-src for TSan (or SKIP_NIGHTLY=1), is skipped
@@ -56,7 +62,7 @@ expect_fail() {
         fail "$name: the mutation was NOT caught"
         tail -20 "$log"
     else
-        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost' "$log" | cut -c1-100))"
+        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost|Invalid' "$log" | cut -c1-100))"
     fi
 }
 
@@ -156,6 +162,19 @@ sys.exit(1 if bad or n < 30 else 0)
 PY
 }
 run "header docs: every function states its thread-safety and its errors" header_docs
+# Issue 40 #6: what a C/C++ user must know and could not read before.
+header_warnings() {
+    local h=ffi/include/kvfence.h missing=0 want
+    for want in "free exactly one copy" "freeing both is a double free" \
+        "kvfence_room_status, kvfence_fenced" "are not versioned" "a new soname" \
+        "AddressSanitizer does not" "valgrind" "KVFENCE_OUT_OF_MEMORY wherever" \
+        "still abort the process"; do
+        grep -q -F "$want" "$h" || { echo "kvfence.h does not say: $want"; missing=1; }
+    done
+    return $missing
+}
+run "header docs: double free of a copied release, unversioned structs, ASan vs valgrind, memory" \
+    header_warnings
 
 # ---- 4. Rust unit tests of the boundary ----
 run "rust: cargo test -p kvfence-ffi (status per core error, panic caught)" \
@@ -176,12 +195,26 @@ run "compile: C tests and the C++ test (C++17, C++20)" bash -c "
     $(declare -f build_c build_cxx); cflags='$cflags'; cxxflags='$cxxflags'; inc='$inc'; lib='$lib'; libs='$libs'; work='$work'
     build_c test_api ffi/tests/test_api.c &&
     build_c test_threads ffi/tests/test_threads.c -DREQUESTS=20000 &&
+    build_c test_wait_drain ffi/tests/test_wait_drain.c &&
+    build_c test_oom ffi/tests/test_oom.c &&
+    build_c test_misuse ffi/tests/test_misuse.c &&
     build_cxx test_cpp17 ffi/tests/test_cpp.cpp -std=c++17 &&
-    build_cxx test_cpp20 ffi/tests/test_cpp.cpp -std=c++20"
+    build_cxx test_cpp20 ffi/tests/test_cpp.cpp -std=c++20 &&
+    build_cxx test_cpp_release ffi/tests/test_cpp_release.cpp -std=c++17 &&
+    build_cxx test_cpp_result ffi/tests/test_cpp_result.cpp -std=c++17"
 run "test_api (every function, every status)" "$work/test_api"
 run "test_threads (20000 requests: no write after reuse, every release once)" "$work/test_threads"
+run "test_wait_drain (issue 40 #1: wait, then drain, finds a release queued by end_queued / a fence)" \
+    "$work/test_wait_drain"
+run "test_oom (issue 40 #2: memory running out is KVFENCE_OUT_OF_MEMORY, not an abort)" "$work/test_oom"
+run "test_misuse, used correctly (one free of a release, the table freed last)" "$work/test_misuse"
 run "test_cpp C++17 (RAII, guard destructor fails the transfer)" "$work/test_cpp17"
 run "test_cpp C++20 (and std::span overloads)" "$work/test_cpp20"
+run "test_cpp_release (issue 40 #3: a Release destroyed unread goes back to the queue)" \
+    "$work/test_cpp_release"
+run "test_cpp_result (issue 40 #5: a refusal allocates nothing; bad_alloc loses no release)" \
+    "$work/test_cpp_result"
+grep -h '^test_cpp_result: a late ACK' "$work"/log.* 2>/dev/null | head -1
 printf '#include "kvfence.hpp"\nint main() { auto t = kvfence::Table::create(kvfence::Table::gate(4)); return t.ok() ? 0 : 1; }\n' >"$work/noexc.cpp"
 run "kvfence.hpp builds and runs with -fno-exceptions" bash -c \
     "c++ -std=c++17 -fno-exceptions $cxxflags $inc $work/noexc.cpp $lib $libs -o $work/noexc && $work/noexc"
@@ -221,11 +254,15 @@ san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 if build_c asan_api ffi/tests/test_api.c $san >"$work/asan_build.log" 2>&1 &&
     build_c asan_threads ffi/tests/test_threads.c $san &&
     build_cxx asan_cpp ffi/tests/test_cpp.cpp -std=c++20 $san &&
+    build_cxx asan_cpp_release ffi/tests/test_cpp_release.cpp -std=c++17 $san &&
+    build_c asan_wait_drain ffi/tests/test_wait_drain.c $san &&
     build_c asan_leak ffi/tests/test_threads.c $san -DMUTATION_LEAK_RELEASE; then
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
     run "asan+ubsan: test_api" env KVFENCE_NO_RLIMIT=asan "$work/asan_api"
     run "asan+ubsan: test_threads" "$work/asan_threads"
     run "asan+ubsan: test_cpp" "$work/asan_cpp"
+    run "asan+ubsan: test_cpp_release (a Release outliving its Table)" "$work/asan_cpp_release"
+    run "asan+ubsan: test_wait_drain" "$work/asan_wait_drain"
     expect_fail "asan: a leaked release (MUTATION_LEAK_RELEASE) is reported" "$work/asan_leak"
 else
     fail "asan+ubsan: the tests do not build"
@@ -266,11 +303,13 @@ tsan() {
     }
     if tbuild tsan_threads ffi/tests/test_threads.c cc -std=c11 >"$work/tsan_build.log" 2>&1 &&
         tbuild tsan_api ffi/tests/test_api.c cc -std=c11 &&
+        tbuild tsan_wait_drain ffi/tests/test_wait_drain.c cc -std=c11 -DROUNDS=2000 &&
         tbuild tsan_cpp ffi/tests/test_cpp.cpp c++ -std=c++17 &&
         tbuild tsan_mut ffi/tests/test_threads.c cc -std=c11 -DMUTATION_IGNORE_REFUSAL; then
         export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
         run "tsan: test_threads (no data race on the page arena)" "$work/tsan_threads"
         run "tsan: test_api" env KVFENCE_NO_RLIMIT=tsan "$work/tsan_api"
+        run "tsan: test_wait_drain" "$work/tsan_wait_drain"
         run "tsan: test_cpp" "$work/tsan_cpp"
         expect_fail "tsan: stale writes (MUTATION_IGNORE_REFUSAL) reported as a data race" "$work/tsan_mut"
     else
@@ -288,7 +327,13 @@ if need valgrind valgrind; then
     run "valgrind: test_api" env KVFENCE_NO_RLIMIT=valgrind $vg "$work/test_api"
     run "valgrind: test_threads" $vg "$work/vg_threads"
     run "valgrind: test_cpp" $vg "$work/test_cpp20"
+    run "valgrind: test_cpp_release (a Release outliving its Table)" $vg "$work/test_cpp_release"
     expect_fail "valgrind: a leaked release (MUTATION_LEAK_RELEASE) is reported" $vg "$work/vg_leak"
+    # Issue 40 #6: what the header tells C/C++ users to run valgrind for.
+    expect_fail "valgrind: a guard's end after its table was freed is reported" \
+        $vg "$work/test_misuse" use-after-free
+    expect_fail "valgrind: both copies of a release freed is reported" \
+        $vg "$work/test_misuse" double-free
 else
     notice "valgrind cannot be installed: valgrind memcheck SKIPPED"
 fi
@@ -297,15 +342,25 @@ fi
 prefix="$work/prefix"
 run "install: ffi/install.sh PREFIX" env KVFENCE_NO_BUILD=1 bash ffi/install.sh "$prefix"
 if need pkg-config pkg-config; then
-    pc() { PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config "$@"; }
-    run "pkg-config: cc \$(pkg-config --cflags --libs kvfence) example, run against libkvfence.so.0" bash -c "
-        $(declare -f pc); prefix='$prefix'
-        cc -std=c11 -Wall -Werror \$(pc --cflags kvfence) ffi/examples/decode.c \$(pc --libs kvfence) \
-            -Wl,-rpath,$prefix/lib -o $work/pc_decode &&
-        readelf -d $work/pc_decode | grep -q 'NEEDED.*libkvfence.so.0' && $work/pc_decode"
+    # The README's commands verbatim (shared through an rpath, kvfence-static, cc -static):
+    # each program runs with no LD_LIBRARY_PATH and no ldconfig.
+    run "pkg-config: ffi/README.md's cc/./app commands run verbatim from the prefix (shared, static)" \
+        bash ffi/tests/readme_build.sh "$prefix"
 else
     notice "pkg-config cannot be installed: the pkg-config consumer SKIPPED"
 fi
+# The installed libraries are stripped; KVFENCE_DEBUG_INFO=1 keeps the debug info apart.
+stripped() {
+    local so="$prefix/lib/libkvfence.so.0.1.0" a="$prefix/lib/libkvfence.a" d="$work/prefix-debug"
+    echo "installed: libkvfence.so.0.1.0 $(stat -c %s "$so") bytes, libkvfence.a $(stat -c %s "$a") bytes"
+    [ "$(stat -c %s "$so")" -lt 2000000 ] || { echo "the .so is not stripped"; return 1; }
+    ! readelf -S "$a" | grep -q '\.debug_info' || { echo "the .a has debug info"; return 1; }
+    KVFENCE_NO_BUILD=1 KVFENCE_DEBUG_INFO=1 bash ffi/install.sh "$d" >/dev/null &&
+        readelf -S "$d/lib/libkvfence.so.0.1.0" | grep -q gnu_debuglink &&
+        readelf -S "$d/lib/debug/libkvfence.so.0.1.0.debug" | grep -q '\.debug_info'
+}
+run "install: stripped libraries; KVFENCE_DEBUG_INFO=1 installs the debug info apart (debuglink)" stripped
+grep -h '^installed:' "$work"/log.* | tail -1
 if need cmake cmake; then
     run "cmake: find_package(kvfence) consumer (shared, static, C++) builds and runs" bash -c "
         cmake -S ffi/tests/consumer -B $work/cmake -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_BUILD_TYPE=Release &&

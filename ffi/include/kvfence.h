@@ -12,15 +12,31 @@
  *  - Fallible functions return a kvfence_status; on anything but KVFENCE_OK the table is
  *    unchanged and no output was written (unless the function says otherwise), and
  *    kvfence_last_error() describes the failure (per thread).
- *  - No panic crosses the boundary (KVFENCE_PANIC), nothing aborts the host process.
+ *  - No panic crosses the boundary (KVFENCE_PANIC). Running out of memory is
+ *    KVFENCE_OUT_OF_MEMORY wherever an allocation grows with the input (kvfence_table_new,
+ *    kvfence_open, _open_gate, _grow, _grow_gate, _pages_of, _release_requeue; a fence
+ *    queues what its list cannot take). A few small allocations still abort the process
+ *    if the allocator fails (Rust's default; a library cannot change it): registering a
+ *    failed transfer (kvfence_end / _end_queued with KVFENCE_FAILED, a few bytes amortised),
+ *    the list of failed transfers a fence or quarantine ends, kvfence_get_stats's
+ *    snapshot (~300 bytes per closing room), the table struct itself.
  *  - NULL and misaligned pointers are refused with a status, never dereferenced; a
  *    (pointer, length) pair of length 0 may be NULL.
  *  - A kvfence_table* may be used by any number of threads at once (every function but
  *    kvfence_table_free, which must be its last use).
  *  - Functions that can release a room fill a caller's kvfence_release (reason
  *    KVFENCE_REASON_NONE if nothing was released); its page array is the caller's, to be
- *    freed with kvfence_release_free(). No release is ever dropped: what a call cannot
- *    hand over goes to the release queue (kvfence_drain_released).
+ *    freed with kvfence_release_free(). A copy of a kvfence_release names the same
+ *    array: free exactly one copy (freeing both is a double free). No release is ever
+ *    dropped: what a call cannot hand over goes to the release queue
+ *    (kvfence_drain_released), queued before waiters wake: wait, then drain, finds it.
+ *  - Versioning: kvfence_config and kvfence_stats carry struct_size and may grow;
+ *    kvfence_release, kvfence_room_status, kvfence_fenced, kvfence_usage, kvfence_handle
+ *    and kvfence_token are not versioned: a field added to any is a new soname
+ *    (libkvfence.so.1, KVFENCE_ABI_VERSION 2).
+ *  - A use of a freed table (a C++ TransferGuard or late thread outliving its Table) is
+ *    undefined behaviour inside this uninstrumented library: AddressSanitizer does not
+ *    see it, valgrind (memcheck) does.
  *
  * C++: include kvfence.hpp for RAII wrappers.
  */
@@ -407,7 +423,10 @@ typedef struct kvfence_token {
  *
  * Ownership: `pages` is allocated by kvfence and owned by the caller once returned; free
  * it with `kvfence_release_free` (exactly once; never with `free()`). `pages_cap` is
- * kvfence's bookkeeping for that free: do not change it.
+ * kvfence's bookkeeping for that free: do not change it. The struct is a plain C value:
+ * a copy of it names the same `pages` array, so free exactly one of the copies
+ * (`kvfence_release_free` of both is a double free; it resets only the struct it is
+ * given). Not versioned: a field added is a new soname.
  */
 typedef struct kvfence_release {
     /**
@@ -440,7 +459,8 @@ typedef struct kvfence_release {
 } kvfence_release;
 
 /**
- * What `kvfence_fence_rank` did.
+ * What `kvfence_fence_rank` did. Not versioned (no `struct_size`): a field added is a new
+ * soname.
  */
 typedef struct kvfence_fenced {
     /**
@@ -464,7 +484,7 @@ typedef struct kvfence_fenced {
 
 /**
  * One live room's status (`kvfence_get_room_status`, and each closing room of
- * `kvfence_get_stats`).
+ * `kvfence_get_stats`). Not versioned (no `struct_size`): a field added is a new soname.
  */
 typedef struct kvfence_room_status {
     /**
@@ -585,9 +605,11 @@ typedef struct kvfence_stats {
      */
     uint64_t quarantined_pages;
     /**
-     * Releases delivered by the core but waiting in this library's overflow queue (a
-     * caller buffer was full, or a transfer was ended with `kvfence_end_queued`); also
-     * counted by `kvfence_queued_releases` and delivered by `kvfence_drain_released`.
+     * Releases given back unread with `kvfence_release_requeue` and not drained yet (a
+     * C++ `Release` destroyed unread); also counted by `kvfence_queued_releases` and
+     * delivered by `kvfence_drain_released`. (Releases that `kvfence_end_queued` and
+     * `kvfence_fence_rank` beyond its buffer queue are in the core's queue: counted in
+     * `rooms.queued`, not here.)
      */
     uint64_t overflow_releases;
 } kvfence_stats;
@@ -619,7 +641,8 @@ uint32_t kvfence_abi_version(void);
  * Copies a message describing the last failing call on the calling thread (with its
  * details: which rank, index, setting) into `buf` as a NUL-terminated string, truncated to
  * `cap` bytes; `*len` (if not NULL) gets the message's full length without the NUL. A
- * thread whose calls all succeeded gets `"no error"`. Thread-safe (per-thread state).
+ * thread whose calls all succeeded gets `"no error"`. Formats straight into `buf`: no
+ * allocation. Thread-safe (per-thread state).
  *
  * Errors: `KVFENCE_NULL_POINTER` if `buf` is NULL while `cap > 0`; `KVFENCE_MISALIGNED_POINTER`
  * for a misaligned `len`.
@@ -628,6 +651,15 @@ uint32_t kvfence_abi_version(void);
  * `buf` valid for `cap` bytes; `len` NULL or valid for a write.
  */
 kvfence_status kvfence_last_error(char *buf, size_t cap, size_t *len);
+
+/**
+ * An id of the last failing call on the calling thread: it changes with every failure on
+ * this thread and never equals an id of another thread's failure (0: no failure yet).
+ * Saved with a failure, it tells later whether `kvfence_last_error` still describes that
+ * failure (the C++ wrapper's `Result` formats its message only when asked, this way).
+ * Thread-safe (per-thread state); never fails.
+ */
+uint64_t kvfence_last_error_id(void);
 
 /**
  * Writes the handle's 16-byte little-endian wire form into `out` (`len` must be 16).
@@ -701,6 +733,9 @@ kvfence_status kvfence_table_new(const struct kvfence_config *config, struct kvf
  * drained are simply dropped: free a table only once every transfer on it has ended and
  * its releases were drained). NULL (and a misaligned pointer, which no table has) is a
  * no-op. Not thread-safe with respect to the same table: it must be the table's last use.
+ * A use after it (a C++ `TransferGuard` destroyed after its `Table`, a late ACK thread)
+ * is undefined behaviour that AddressSanitizer does not report (the access is inside this
+ * uninstrumented library): valgrind memcheck does.
  *
  * # Safety
  * `table` NULL or returned by `kvfence_table_new` and not freed yet.
@@ -1022,9 +1057,10 @@ kvfence_status kvfence_pop_released(const struct kvfence_table *table,
 
 /**
  * Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
- * while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
- * any thread may, and each release goes to exactly one caller. Lock-free when the overflow
- * queue is empty; no allocation.
+ * while `*n == cap`), in one pass over the queue (releases given back with
+ * `kvfence_release_requeue` first). Call it from the owner thread each loop; any thread
+ * may, and each release goes to exactly one caller. Lock-free when no release was given
+ * back; no allocation.
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
  *
@@ -1037,8 +1073,8 @@ kvfence_status kvfence_drain_released(const struct kvfence_table *table,
                                       size_t *n);
 
 /**
- * Releases waiting to be drained right now (the core's queue and this library's
- * overflow). Thread-safe.
+ * Releases waiting to be drained right now (the core's queue and the releases given back
+ * with `kvfence_release_requeue`). Thread-safe.
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`.
  *
@@ -1059,6 +1095,28 @@ kvfence_status kvfence_queued_releases(const struct kvfence_table *table, size_t
  * `release` written by a kvfence function (or zero-filled) and not changed since.
  */
 kvfence_status kvfence_release_free(struct kvfence_release *release);
+
+/**
+ * Gives a release back to the table, unread: it goes to the release queue, and the next
+ * `kvfence_drain_released` / `kvfence_pop_released` hands it out again (before the releases
+ * the core queued). `*release` is reset to the empty release (reason NONE); one whose
+ * reason is NONE is left as it is. For a caller that received a release it cannot act on
+ * (the C++ `Release` destroyed without its pages read uses it: a gate-mode release is
+ * never dropped silently). The release was delivered already: its room index may be in
+ * use again and `kvfence_wait_released` for it has returned; only the drain delivers it
+ * again. Counted by `kvfence_queued_releases` and `kvfence_stats.overflow_releases`.
+ * Thread-safe (one short lock).
+ *
+ * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_ARGUMENT` (a
+ * `reason` that is no `kvfence_reason`), `KVFENCE_OUT_OF_MEMORY` (the queue could not grow:
+ * the release stays the caller's, unchanged).
+ *
+ * # Safety
+ * `table` live; `release` written by a kvfence function of this table (or zero-filled)
+ * and not changed or freed since.
+ */
+kvfence_status kvfence_release_requeue(const struct kvfence_table *table,
+                                       struct kvfence_release *release);
 
 /**
  * `kvfence_release_free` of `releases[0..n]`. Thread-safe for distinct releases.

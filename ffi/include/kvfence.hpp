@@ -5,8 +5,11 @@
 //                          transfer as FAILED unless complete() or fail() was called: the
 //                          room then stays held until the peer is fenced or the room is
 //                          quarantined (the Rust rule: a dropped guard is a failure)
-//   kvfence::Release       RAII owner of a release's page array
-//   kvfence::Result<T>     the outcome of every call: a value or a kvfence_status
+//   kvfence::Release       RAII owner of a release; one destroyed before its contents
+//                          (token, pages) were read goes back to the release queue
+//                          (kvfence_release_requeue): a release is never dropped silently
+//   kvfence::Result<T>     the outcome of every call: a value or a kvfence_status (its
+//                          message is formatted only when asked for)
 //
 // Errors are values, not exceptions: every operation returns a Result<T> (modelled on
 // C++23's std::expected). Why: the refusals kvfence exists to make (a late ACK's
@@ -26,6 +29,7 @@
 #define KVFENCE_HPP
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -76,6 +80,16 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+// The message of a failure whose kvfence_last_error_id() was `id`: kvfence_last_error's if
+// it still describes that failure (nothing failed on this thread since), else the status
+// text alone.
+inline std::string message_of(kvfence_status status, uint64_t id) {
+    if (id != 0 && kvfence_last_error_id() == id)
+        return last_error();
+    return std::string(kvfence_status_str(status)) +
+           " (details overwritten by a later failure on this thread)";
+}
+
 [[noreturn]] inline void fail_value(kvfence_status status, const std::string &detail) {
 #if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
     throw Error(status, detail);
@@ -88,16 +102,28 @@ namespace detail {
 } // namespace detail
 
 // A value of type T, or the kvfence_status (and message) of why there is none.
+//
+// A failure costs no formatting and no allocation: it keeps its status and the id of the
+// failure (kvfence_last_error_id), and message() formats kvfence_last_error's details on
+// first use (issue 40: formatting every refusal made a late ACK through the wrapper 6-7x
+// the C call). Ask for message() on the failing thread before another kvfence call on it
+// fails; later (or on another thread) it says the status and that the details are gone.
 template <class T> class [[nodiscard]] Result {
   public:
-    Result(T value) : status_(KVFENCE_OK), has_(true) { new (&value_) T(std::move(value)); }
-    // A failure; the message is read from kvfence_last_error at once.
-    static Result failure(kvfence_status status) { return Result(status, last_error()); }
+    Result(T value) : status_(KVFENCE_OK), has_(true), id_(0) {
+        new (&value_) T(std::move(value));
+    }
+    // A failure of the call just made on this thread (its details: kvfence_last_error).
+    static Result failure(kvfence_status status) {
+        return Result(status, kvfence_last_error_id());
+    }
     static Result failure(kvfence_status status, std::string message) {
-        return Result(status, std::move(message));
+        Result r(status, 0);
+        r.message_ = std::move(message);
+        return r;
     }
     Result(Result &&o) noexcept(std::is_nothrow_move_constructible<T>::value)
-        : status_(o.status_), has_(o.has_), message_(std::move(o.message_)) {
+        : status_(o.status_), has_(o.has_), id_(o.id_), message_(std::move(o.message_)) {
         if (has_)
             new (&value_) T(std::move(o.value_));
     }
@@ -106,6 +132,7 @@ template <class T> class [[nodiscard]] Result {
             reset();
             status_ = o.status_;
             has_ = o.has_;
+            id_ = o.id_;
             message_ = std::move(o.message_);
             if (has_)
                 new (&value_) T(std::move(o.value_));
@@ -119,25 +146,29 @@ template <class T> class [[nodiscard]] Result {
     bool ok() const noexcept { return has_; }
     explicit operator bool() const noexcept { return has_; }
     kvfence_status status() const noexcept { return status_; }
-    // kvfence_last_error's message at the time of the failure ("" on success).
-    const std::string &message() const noexcept { return message_; }
+    // The failure's message, formatted on first use ("" on success).
+    const std::string &message() const {
+        if (!has_ && message_.empty())
+            message_ = detail::message_of(status_, id_);
+        return message_;
+    }
 
     T &value() & {
         if (!has_)
-            detail::fail_value(status_, message_);
+            detail::fail_value(status_, message());
         return value_;
     }
     T &&value() && {
         if (!has_)
-            detail::fail_value(status_, message_);
+            detail::fail_value(status_, message());
         return std::move(value_);
     }
     T &operator*() & { return value(); }
     T *operator->() { return &value(); }
 
   private:
-    Result(kvfence_status status, std::string message)
-        : status_(status), has_(false), message_(std::move(message)) {}
+    Result(kvfence_status status, uint64_t id) noexcept
+        : status_(status), has_(false), id_(id) {}
     void reset() {
         if (has_)
             value_.~T();
@@ -145,7 +176,8 @@ template <class T> class [[nodiscard]] Result {
     }
     kvfence_status status_;
     bool has_;
-    std::string message_;
+    uint64_t id_;
+    mutable std::string message_;
     union {
         T value_;
     };
@@ -154,67 +186,151 @@ template <class T> class [[nodiscard]] Result {
 // A call that returns nothing but its status.
 template <> class [[nodiscard]] Result<void> {
   public:
-    Result() : status_(KVFENCE_OK) {}
-    static Result failure(kvfence_status status) { return Result(status, last_error()); }
+    Result() noexcept : status_(KVFENCE_OK), id_(0) {}
+    static Result failure(kvfence_status status) {
+        return Result(status, kvfence_last_error_id());
+    }
     bool ok() const noexcept { return status_ == KVFENCE_OK; }
     explicit operator bool() const noexcept { return ok(); }
     kvfence_status status() const noexcept { return status_; }
-    const std::string &message() const noexcept { return message_; }
+    const std::string &message() const {
+        if (!ok() && message_.empty())
+            message_ = detail::message_of(status_, id_);
+        return message_;
+    }
     void value() const {
         if (!ok())
-            detail::fail_value(status_, message_);
+            detail::fail_value(status_, message());
     }
 
   private:
-    Result(kvfence_status status, std::string message)
-        : status_(status), message_(std::move(message)) {}
+    Result(kvfence_status status, uint64_t id) noexcept : status_(status), id_(id) {}
     kvfence_status status_;
-    std::string message_;
+    uint64_t id_;
+    mutable std::string message_;
 };
 
 using Handle = kvfence_handle;
 using Token = kvfence_token;
 
-// A room's release (or none: empty()). Owns the page array; frees it on destruction.
-// Gate mode: free pages() with the engine's allocator now, unless quarantined(): then never.
-class Release {
+namespace detail {
+// What a Table's releases keep of it: the C table, while it lives. A Release destroyed
+// unread gives itself back to that table; once the Table is gone (table == nullptr) there
+// is nowhere to give it back. Reference-counted (by the Table and by each non-empty
+// Release), so a Release may outlive its Table safely.
+struct Shared {
+    std::atomic<kvfence_table *> table;
+    std::atomic<size_t> refs;
+};
+inline Shared *acquire(Shared *s) noexcept {
+    if (s)
+        s->refs.fetch_add(1, std::memory_order_relaxed);
+    return s;
+}
+inline void release_ref(Shared *s) noexcept {
+    if (s && s->refs.fetch_sub(1, std::memory_order_acq_rel) == 1)
+        delete s;
+}
+} // namespace detail
+
+// A room's release (or none: empty()). Owns the release and its page array.
+//
+// A release must be acted on: gate mode, free pages() with the engine's allocator now
+// (unless quarantined(): then never). A Release destroyed before anything of it was read
+// (token(), handle(), pages(), size(), begin()/end(), span(), take()) is given back to its
+// table's release queue (kvfence_release_requeue): the next Table::drain_released
+// delivers it again, so `(void)guard.complete();` and `(void)t.finish(h);` lose nothing
+// (issue 40). reason(), quarantined() and empty() do not count as reading it. discard()
+// frees it on purpose (pool mode: its pages are back in the pool already). A Release may
+// outlive its Table: then it is freed with a warning on stderr.
+class [[nodiscard]] Release {
   public:
-    Release() noexcept : r_(empty_release()) {}
-    explicit Release(const kvfence_release &raw) noexcept : r_(raw) {}
-    Release(Release &&o) noexcept : r_(o.r_) { o.r_ = empty_release(); }
+    Release() noexcept : r_(empty_release()), shared_(nullptr), read_(false) {}
+    // A raw release (from the C API) taken over; its table is unknown, so it is freed on
+    // destruction, never given back (the Table's own calls make Releases that are).
+    explicit Release(const kvfence_release &raw) noexcept : Release(raw, nullptr) {}
+    Release(Release &&o) noexcept : r_(o.r_), shared_(o.shared_), read_(o.read_) {
+        o.r_ = empty_release();
+        o.shared_ = nullptr;
+    }
     Release &operator=(Release &&o) noexcept {
         if (this != &o) {
-            kvfence_release_free(&r_);
+            dispose();
             r_ = o.r_;
+            shared_ = o.shared_;
+            read_ = o.read_;
             o.r_ = empty_release();
+            o.shared_ = nullptr;
         }
         return *this;
     }
     Release(const Release &) = delete;
     Release &operator=(const Release &) = delete;
-    ~Release() { kvfence_release_free(&r_); }
+    ~Release() { dispose(); }
 
     bool empty() const noexcept { return r_.reason == KVFENCE_REASON_NONE; }
     explicit operator bool() const noexcept { return !empty(); }
     kvfence_reason reason() const noexcept { return r_.reason; }
     bool quarantined() const noexcept { return r_.reason == KVFENCE_REASON_QUARANTINED; }
-    Handle handle() const noexcept { return r_.handle; }
-    uint64_t token() const noexcept { return r_.token; }
-    const uint32_t *pages() const noexcept { return r_.pages; }
-    size_t size() const noexcept { return r_.pages_len; }
-    const uint32_t *begin() const noexcept { return r_.pages; }
-    const uint32_t *end() const noexcept { return r_.pages + r_.pages_len; }
+    Handle handle() const noexcept { return read(), r_.handle; }
+    uint64_t token() const noexcept { return read(), r_.token; }
+    const uint32_t *pages() const noexcept { return read(), r_.pages; }
+    size_t size() const noexcept { return read(), r_.pages_len; }
+    const uint32_t *begin() const noexcept { return read(), r_.pages; }
+    const uint32_t *end() const noexcept { return read(), r_.pages + r_.pages_len; }
 #ifdef KVFENCE_HPP_SPAN
-    std::span<const uint32_t> span() const noexcept { return {r_.pages, r_.pages_len}; }
+    std::span<const uint32_t> span() const noexcept { return read(), std::span<const uint32_t>{r_.pages, r_.pages_len}; }
 #endif
+    // Gives the raw release up (the caller frees it with kvfence_release_free, once).
+    kvfence_release take() noexcept {
+        kvfence_release r = r_;
+        r_ = empty_release();
+        detail::release_ref(shared_);
+        shared_ = nullptr;
+        return r;
+    }
+    // Frees the release without acting on it, on purpose (never given back).
+    void discard() noexcept {
+        kvfence_release_free(&r_);
+        detail::release_ref(shared_);
+        shared_ = nullptr;
+    }
 
   private:
+    friend class Table;
+    friend class TransferGuard;
+    // Taken over from a Table (`shared` counted here only if the release is not empty).
+    Release(const kvfence_release &raw, detail::Shared *shared) noexcept
+        : r_(raw), shared_(nullptr), read_(false) {
+        if (!empty())
+            shared_ = detail::acquire(shared);
+    }
+    void read() const noexcept { read_ = true; }
+    void dispose() noexcept {
+        if (!empty() && !read_) {
+            kvfence_table *t = shared_ ? shared_->table.load(std::memory_order_acquire) : nullptr;
+            if (t && kvfence_release_requeue(t, &r_) == KVFENCE_OK) {
+                // Back in the queue: the struct is empty now.
+            } else {
+                std::fprintf(stderr,
+                             "kvfence: a Release was destroyed unread and could not be given "
+                             "back to its table (%s): token %llu, %zu pages\n",
+                             t ? "out of memory" : "the table is gone",
+                             static_cast<unsigned long long>(r_.token), r_.pages_len);
+            }
+        }
+        kvfence_release_free(&r_);
+        detail::release_ref(shared_);
+        shared_ = nullptr;
+    }
     static kvfence_release empty_release() noexcept {
         kvfence_release r{};
         r.reason = KVFENCE_REASON_NONE;
         return r;
     }
     kvfence_release r_;
+    detail::Shared *shared_;
+    mutable bool read_;
 };
 
 // What Table::quiesce did (and the release, if it performed one directly).
@@ -254,21 +370,33 @@ class Table {
         kvfence_status s = kvfence_table_new(&config, &t);
         if (s != KVFENCE_OK)
             return Result<Table>::failure(s);
-        return Table(t);
+        auto *shared = new (std::nothrow) detail::Shared{{t}, {1}};
+        if (!shared) {
+            kvfence_table_free(t);
+            return Result<Table>::failure(KVFENCE_OUT_OF_MEMORY, "out of memory (kvfence.hpp)");
+        }
+        return Table(t, shared);
     }
 
-    Table(Table &&o) noexcept : t_(o.t_) { o.t_ = nullptr; }
+    Table(Table &&o) noexcept : t_(o.t_), s_(o.s_) {
+        o.t_ = nullptr;
+        o.s_ = nullptr;
+    }
     Table &operator=(Table &&o) noexcept {
         if (this != &o) {
-            kvfence_table_free(t_);
+            close();
             t_ = o.t_;
+            s_ = o.s_;
             o.t_ = nullptr;
+            o.s_ = nullptr;
         }
         return *this;
     }
     Table(const Table &) = delete;
     Table &operator=(const Table &) = delete;
-    ~Table() { kvfence_table_free(t_); }
+    // Frees the table. Releases destroyed unread after this are freed (nowhere to give
+    // them back); not concurrently with it.
+    ~Table() { close(); }
 
     // The C handle, for calls this wrapper does not cover.
     kvfence_table *raw() const noexcept { return t_; }
@@ -352,7 +480,7 @@ class Table {
         kvfence_status s = kvfence_quiesce(t_, h, rank, &q, &r);
         if (s != KVFENCE_OK)
             return Result<Quiesced>::failure(s);
-        return Quiesced{q, Release(r)};
+        return Quiesced{q, take(r)};
     }
 
     Result<Aborted> abort(Handle h) {
@@ -362,7 +490,7 @@ class Table {
                                          &a.fanout_len, &r);
         if (s != KVFENCE_OK)
             return Result<Aborted>::failure(s);
-        a.release = Release(r);
+        a.release = take(r);
         return a;
     }
 
@@ -375,11 +503,13 @@ class Table {
     Result<Fenced> fence_rank(uint32_t rank) {
         Fenced f{};
         std::array<kvfence_release, 32> buf{};
+        // Room first: a bad_alloc is thrown before the fence, never with releases in hand.
+        f.released.reserve(buf.size());
         kvfence_status s = kvfence_fence_rank(t_, rank, &f.summary, buf.data(), buf.size());
         if (s != KVFENCE_OK)
             return Result<Fenced>::failure(s);
         for (size_t i = 0; i < f.summary.released; i++)
-            f.released.emplace_back(buf[i]);
+            f.released.push_back(take(buf[i])); // no allocation: reserved
         return f; // releases beyond 32 went to the queue (summary.queued counts them)
     }
 
@@ -398,18 +528,21 @@ class Table {
         kvfence_status s = kvfence_pop_released(t_, &r);
         if (s != KVFENCE_OK)
             return Result<Release>::failure(s);
-        return Release(r);
+        return take(r);
     }
 
-    // Appends every queued release to `out`; returns how many.
+    // Appends every queued release to `out`; returns how many. If growing `out` throws
+    // (std::bad_alloc), it throws before a batch is drained: every release is in `out` or
+    // still queued, none lost.
     size_t drain_released(std::vector<Release> &out) {
         std::array<kvfence_release, 32> buf{};
         size_t total = 0, n = 0;
         do {
+            out.reserve(out.size() + buf.size()); // may throw: nothing drained yet
             if (kvfence_drain_released(t_, buf.data(), buf.size(), &n) != KVFENCE_OK)
                 break;
             for (size_t i = 0; i < n; i++)
-                out.emplace_back(buf[i]);
+                out.push_back(take(buf[i])); // no allocation: reserved
             total += n;
         } while (n == buf.size());
         return total;
@@ -459,7 +592,17 @@ class Table {
     }
 
   private:
-    explicit Table(kvfence_table *t) noexcept : t_(t) {}
+    Table(kvfence_table *t, detail::Shared *s) noexcept : t_(t), s_(s) {}
+    void close() noexcept {
+        if (s_) {
+            s_->table.store(nullptr, std::memory_order_release);
+            detail::release_ref(s_);
+            s_ = nullptr;
+        }
+        kvfence_table_free(t_);
+        t_ = nullptr;
+    }
+    Release take(const kvfence_release &r) const noexcept { return Release(r, s_); }
     static Result<void> status(kvfence_status s) {
         if (s != KVFENCE_OK)
             return Result<void>::failure(s);
@@ -480,10 +623,11 @@ class Table {
         kvfence_status s = f(t_, h, &r);
         if (s != KVFENCE_OK)
             return Result<Release>::failure(s);
-        return Release(r);
+        return take(r);
     }
 
     kvfence_table *t_;
+    detail::Shared *s_;
 };
 
 // A transfer in flight (move-only). End it with complete() (every byte landed) or fail()
@@ -493,13 +637,15 @@ class Table {
 // (Table::drain_released). The Table must outlive the guard.
 class TransferGuard {
   public:
-    TransferGuard(TransferGuard &&o) noexcept : t_(o.t_), token_(o.token_), live_(o.live_) {
+    TransferGuard(TransferGuard &&o) noexcept
+        : t_(o.t_), s_(o.s_), token_(o.token_), live_(o.live_) {
         o.live_ = false;
     }
     TransferGuard &operator=(TransferGuard &&o) noexcept {
         if (this != &o) {
             drop();
             t_ = o.t_;
+            s_ = o.s_;
             token_ = o.token_;
             live_ = o.live_;
             o.live_ = false;
@@ -520,8 +666,8 @@ class TransferGuard {
 
   private:
     friend class Table;
-    TransferGuard(kvfence_table *t, kvfence_token token) noexcept
-        : t_(t), token_(token), live_(true) {}
+    TransferGuard(kvfence_table *t, detail::Shared *s, kvfence_token token) noexcept
+        : t_(t), s_(s), token_(token), live_(true) {}
     Result<Release> end(kvfence_outcome outcome) {
         if (!live_)
             return Result<Release>::failure(KVFENCE_INVALID_TOKEN, "the transfer was already ended");
@@ -530,7 +676,7 @@ class TransferGuard {
         kvfence_status s = kvfence_end(t_, token_, outcome, &r);
         if (s != KVFENCE_OK)
             return Result<Release>::failure(s);
-        return Release(r);
+        return Release(r, s_);
     }
     void drop() noexcept {
         if (live_) {
@@ -539,6 +685,7 @@ class TransferGuard {
         }
     }
     kvfence_table *t_;
+    detail::Shared *s_; // the Table's (it outlives the guard): for the Releases of end()
     kvfence_token token_;
     bool live_;
 };
@@ -548,7 +695,7 @@ inline Result<TransferGuard> Table::begin(Handle h, uint32_t peer) {
     kvfence_status s = kvfence_begin(t_, h, peer, &tok);
     if (s != KVFENCE_OK)
         return Result<TransferGuard>::failure(s);
-    return TransferGuard(t_, tok);
+    return TransferGuard(t_, s_, tok);
 }
 
 } // namespace kvfence

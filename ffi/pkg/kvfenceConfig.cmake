@@ -22,7 +22,8 @@ if(NOT TARGET kvfence::kvfence_static)
         IMPORTED_LOCATION "${_kvfence_prefix}/lib/libkvfence.a"
         INTERFACE_INCLUDE_DIRECTORIES "${_kvfence_prefix}/include"
         # The Rust standard library's needs (rustc --print native-static-libs).
-        INTERFACE_LINK_LIBRARIES "Threads::Threads;gcc_s;util;rt;m;dl")
+        # (without gcc_s: the compiler driver links libgcc itself, static or shared).
+        INTERFACE_LINK_LIBRARIES "Threads::Threads;util;rt;m;dl")
 endif()
 
 set(kvfence_INCLUDE_DIRS "${_kvfence_prefix}/include")

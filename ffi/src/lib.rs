@@ -28,7 +28,27 @@
 //!   carries the release, whose page array the caller owns and frees with
 //!   `kvfence_release_free` (once). No release is ever dropped: what cannot be handed to the
 //!   caller (a full caller buffer, a guard's destructor) goes to the release queue that
-//!   `kvfence_drain_released` empties.
+//!   `kvfence_drain_released` empties, queued before waiters are woken (so "wait, then
+//!   drain" finds it).
+//! * **Memory.** Running out of memory is `KVFENCE_OUT_OF_MEMORY`, never an abort, in
+//!   every call whose allocation grows with its input: `kvfence_table_new` (the table),
+//!   `kvfence_open` / `kvfence_open_gate` / `kvfence_grow` / `kvfence_grow_gate` /
+//!   `kvfence_pages_of` (page lists), `kvfence_release_requeue`; `kvfence_fence_rank`
+//!   queues the releases its list cannot take; `kvfence_last_error` formats into the
+//!   caller's buffer. A few small allocations still abort the process if the allocator
+//!   fails (Rust's default, which a library cannot change): registering a failed transfer
+//!   (`kvfence_end` / `kvfence_end_queued` with `KVFENCE_FAILED`: a few bytes, amortised),
+//!   the list of failed transfers a fence or quarantine ends, `kvfence_get_stats`'s
+//!   snapshot (about 300 bytes per closing room), and the table struct itself in
+//!   `kvfence_table_new`.
+//! * **Structs are not versioned unless they say so.** `kvfence_config` and
+//!   `kvfence_stats` carry `struct_size`; `kvfence_release`, `kvfence_room_status`,
+//!   `kvfence_fenced`, `kvfence_usage`, `kvfence_handle` and `kvfence_token` do not: a field
+//!   added to any of them changes the soname (`libkvfence.so.1`, `KVFENCE_ABI_VERSION` 2).
+//! * **Use after free is not detected.** A handle of a freed table, a C++ `TransferGuard`
+//!   that outlives its `Table`: the access is inside this (uninstrumented) library, where
+//!   AddressSanitizer does not see it; run such a test under valgrind (memcheck), which
+//!   does.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -46,7 +66,7 @@ use core_kvfence::{
 };
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -217,7 +237,10 @@ pub struct kvfence_token {
 ///
 /// Ownership: `pages` is allocated by kvfence and owned by the caller once returned; free
 /// it with `kvfence_release_free` (exactly once; never with `free()`). `pages_cap` is
-/// kvfence's bookkeeping for that free: do not change it.
+/// kvfence's bookkeeping for that free: do not change it. The struct is a plain C value:
+/// a copy of it names the same `pages` array, so free exactly one of the copies
+/// (`kvfence_release_free` of both is a double free; it resets only the struct it is
+/// given). Not versioned: a field added is a new soname.
 #[repr(C)]
 #[derive(Debug)]
 pub struct kvfence_release {
@@ -280,7 +303,7 @@ pub struct kvfence_usage {
 }
 
 /// One live room's status (`kvfence_get_room_status`, and each closing room of
-/// `kvfence_get_stats`).
+/// `kvfence_get_stats`). Not versioned (no `struct_size`): a field added is a new soname.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kvfence_room_status {
@@ -335,13 +358,16 @@ pub struct kvfence_stats {
     pub quarantined_rooms: u64,
     /// Pages of quarantined rooms: never to be reused.
     pub quarantined_pages: u64,
-    /// Releases delivered by the core but waiting in this library's overflow queue (a
-    /// caller buffer was full, or a transfer was ended with `kvfence_end_queued`); also
-    /// counted by `kvfence_queued_releases` and delivered by `kvfence_drain_released`.
+    /// Releases given back unread with `kvfence_release_requeue` and not drained yet (a
+    /// C++ `Release` destroyed unread); also counted by `kvfence_queued_releases` and
+    /// delivered by `kvfence_drain_released`. (Releases that `kvfence_end_queued` and
+    /// `kvfence_fence_rank` beyond its buffer queue are in the core's queue: counted in
+    /// `rooms.queued`, not here.)
     pub overflow_releases: u64,
 }
 
-/// What `kvfence_fence_rank` did.
+/// What `kvfence_fence_rank` did. Not versioned (no `struct_size`): a field added is a new
+/// soname.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct kvfence_fenced {
@@ -360,8 +386,11 @@ pub struct kvfence_fenced {
 /// `kvfence_table_free`; shared by any number of threads in between.
 pub struct kvfence_table {
     inner: RoomTable,
-    /// Releases the core delivered that no caller could take (a full fan-in buffer, a
-    /// destructor): handed out by `kvfence_drain_released` before the core's queue.
+    /// Releases a caller gave back unread (`kvfence_release_requeue`: the C++ `Release`
+    /// destroyed without its pages being read): handed out by `kvfence_drain_released`
+    /// before the core's queue. (Releases no caller can take when they are performed, a
+    /// destructor's transfer end, a fence's beyond the caller's buffer, go to the core's
+    /// own queue, before waiters are woken: issue 40.)
     overflow: Mutex<Vec<Released>>,
     /// `overflow.len()`, readable without the lock (the drain's fast path).
     overflow_len: AtomicUsize,
@@ -380,6 +409,25 @@ enum Last {
 
 thread_local! {
     static LAST: Cell<Last> = const { Cell::new(Last::None) };
+    /// `kvfence_last_error_id`: this thread's failure count, in the low 32 bits, under a
+    /// number of its own in the high 32 (taken at its first failure), so that ids of
+    /// different threads never compare equal.
+    static LAST_ID: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The next thread number of `LAST_ID`.
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+/// Records why this thread's current call fails (and gives the failure a new id).
+fn set_last(l: Last) {
+    LAST.with(|c| c.set(l));
+    LAST_ID.with(|c| {
+        let mut id = c.get();
+        if id == 0 {
+            id = NEXT_THREAD.fetch_add(1, Ordering::Relaxed) << 32;
+        }
+        c.set(id.wrapping_add(1));
+    });
 }
 
 #[cfg(test)]
@@ -418,7 +466,7 @@ const NON_ZERO_INTERNAL_ERROR: NonZeroU32 = match NonZeroU32::new(KVFENCE_INTERN
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
-        LAST.with(|l| l.set(Last::Core(e)));
+        set_last(Last::Core(e));
         Fail::new(status_of(e))
     }
 }
@@ -432,9 +480,16 @@ fn failed(e: &Error) -> Fail {
     Fail::from(*e)
 }
 
+/// `KVFENCE_OUT_OF_MEMORY` for an allocation of `bytes` this library failed to make.
+#[cold]
+#[inline(never)]
+fn out_of_memory(bytes: usize) -> Fail {
+    Fail::from(Error::OutOfMemory { bytes })
+}
+
 /// A boundary refusal with its explanation.
 fn refuse(status: kvfence_status, why: &'static str) -> Fail {
-    LAST.with(|l| l.set(Last::Boundary(why)));
+    set_last(Last::Boundary(why));
     Fail::new(status)
 }
 
@@ -478,11 +533,9 @@ fn call(body: impl FnOnce() -> Result<(), Fail>) -> kvfence_status {
         Ok(Ok(())) => KVFENCE_OK,
         Ok(Err(fail)) => fail.status(),
         Err(_) => {
-            LAST.with(|l| {
-                l.set(Last::Boundary(
-                    "kvfence panicked (caught at the C boundary): a bug, please report it",
-                ))
-            });
+            set_last(Last::Boundary(
+                "kvfence panicked (caught at the C boundary): a bug, please report it",
+            ));
             KVFENCE_PANIC
         }
     }
@@ -717,17 +770,6 @@ fn timeout_of(ms: u64) -> Option<Duration> {
 }
 
 impl kvfence_table {
-    /// Keeps a release no caller can take; `kvfence_drain_released` hands it out.
-    fn overflow(&self, r: Released) {
-        if cfg!(kvfence_ffi_drop_overflow) {
-            // MUTATION (test-only): the release nobody could take is dropped, lost.
-            return;
-        }
-        let mut q = self.overflow.lock().unwrap_or_else(|e| e.into_inner());
-        q.push(r);
-        self.overflow_len.store(q.len(), Ordering::Release);
-    }
-
     /// Takes up to `max` overflowed releases.
     fn take_overflow(&self, max: usize, mut f: impl FnMut(Released)) -> usize {
         if max == 0 || self.overflow_len.load(Ordering::Acquire) == 0 {
@@ -900,7 +942,8 @@ pub extern "C" fn kvfence_abi_version() -> u32 {
 /// Copies a message describing the last failing call on the calling thread (with its
 /// details: which rank, index, setting) into `buf` as a NUL-terminated string, truncated to
 /// `cap` bytes; `*len` (if not NULL) gets the message's full length without the NUL. A
-/// thread whose calls all succeeded gets `"no error"`. Thread-safe (per-thread state).
+/// thread whose calls all succeeded gets `"no error"`. Formats straight into `buf`: no
+/// allocation. Thread-safe (per-thread state).
 ///
 /// Errors: `KVFENCE_NULL_POINTER` if `buf` is NULL while `cap > 0`; `KVFENCE_MISALIGNED_POINTER`
 /// for a misaligned `len`.
@@ -916,29 +959,62 @@ pub unsafe extern "C" fn kvfence_last_error(
     // Read the last error before `call` (whose own refusals would overwrite it).
     let last = LAST.with(Cell::get);
     call(|| {
-        let msg = match last {
-            Last::None => String::from("no error"),
-            Last::Core(e) => e.to_string(),
-            Last::Boundary(why) => why.to_string(),
-        };
         check_slice(buf, cap)?;
         if !len.is_null() {
             check(len)?;
         }
+        let mut w = Truncating {
+            buf: buf.cast::<u8>(),
+            cap: cap.saturating_sub(1),
+            len: 0,
+        };
+        let _ = match last {
+            Last::None => core::fmt::Write::write_str(&mut w, "no error"),
+            Last::Core(e) => core::fmt::Write::write_fmt(&mut w, format_args!("{e}")),
+            Last::Boundary(why) => core::fmt::Write::write_str(&mut w, why),
+        };
         if cap > 0 {
-            let n = msg.len().min(cap - 1);
-            // SAFETY: `buf` checked non-null and valid for `cap > n` bytes by contract.
-            unsafe {
-                ptr::copy_nonoverlapping(msg.as_ptr(), buf.cast::<u8>(), n);
-                *buf.add(n) = 0;
-            }
+            // SAFETY: `buf` checked non-null and valid for `cap` bytes by contract; the
+            // writer wrote at most `cap - 1` of them.
+            unsafe { *buf.add(w.len.min(cap - 1)) = 0 };
         }
         if !len.is_null() {
             // SAFETY: checked above.
-            unsafe { put(len, msg.len()) }
+            unsafe { put(len, w.len) };
         }
         Ok(())
     })
+}
+
+/// A `fmt::Write` into a caller's buffer of `cap` bytes: writes what fits, counts all.
+struct Truncating {
+    buf: *mut u8,
+    cap: usize,
+    len: usize,
+}
+
+impl core::fmt::Write for Truncating {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let room = self.cap.saturating_sub(self.len);
+        let n = s.len().min(room);
+        if n > 0 {
+            // SAFETY: `buf` is valid for `cap` bytes (kvfence_last_error's contract) and
+            // `len + n <= cap`.
+            unsafe { ptr::copy_nonoverlapping(s.as_ptr(), self.buf.add(self.len), n) };
+        }
+        self.len += s.len();
+        Ok(())
+    }
+}
+
+/// An id of the last failing call on the calling thread: it changes with every failure on
+/// this thread and never equals an id of another thread's failure (0: no failure yet).
+/// Saved with a failure, it tells later whether `kvfence_last_error` still describes that
+/// failure (the C++ wrapper's `Result` formats its message only when asked, this way).
+/// Thread-safe (per-thread state); never fails.
+#[no_mangle]
+pub extern "C" fn kvfence_last_error_id() -> u64 {
+    call_value(0, || LAST_ID.with(Cell::get))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1145,6 +1221,9 @@ pub unsafe extern "C" fn kvfence_table_new(
 /// drained are simply dropped: free a table only once every transfer on it has ended and
 /// its releases were drained). NULL (and a misaligned pointer, which no table has) is a
 /// no-op. Not thread-safe with respect to the same table: it must be the table's last use.
+/// A use after it (a C++ `TransferGuard` destroyed after its `Table`, a late ACK thread)
+/// is undefined behaviour that AddressSanitizer does not report (the access is inside this
+/// uninstrumented library): valgrind memcheck does.
 ///
 /// # Safety
 /// `table` NULL or returned by `kvfence_table_new` and not freed yet.
@@ -1276,7 +1355,13 @@ pub unsafe extern "C" fn kvfence_open_gate(
         }
         // SAFETY: checked; valid by contract.
         let (writers, pages) = unsafe { (input(writers, nwriters), input(pages, npages)) };
-        let h = match t.inner.__open_gate_inline(writers, token, pages.to_vec()) {
+        // The copy is fallible: memory running out is a status, never an abort of the host.
+        let mut list = Vec::new();
+        if list.try_reserve_exact(pages.len()).is_err() {
+            return Err(out_of_memory(core::mem::size_of_val(pages)));
+        }
+        list.extend_from_slice(pages);
+        let h = match t.inner.__open_gate_inline(writers, token, list) {
             Ok(h) => h,
             Err(ref e) => return Err(failed(e)),
         };
@@ -1496,9 +1581,10 @@ pub unsafe extern "C" fn kvfence_end_queued(
         // SAFETY: a live table by contract.
         let t = unsafe { self::table(table) }?;
         let outcome = outcome_of(outcome)?;
-        if let Some(r) = t.inner.end(token_of(token), outcome)? {
-            t.overflow(r);
-        }
+        // Queued by the core itself, before it wakes waiters: "wait, then drain" finds it
+        // (issue 40: it was delivered first and pushed into a queue of this library's
+        // after the wake-up).
+        t.inner.end_queued(token_of(token), outcome)?;
         Ok(())
     })
 }
@@ -1740,7 +1826,16 @@ pub unsafe extern "C" fn kvfence_fence_rank(
         let t = unsafe { self::table(table) }?;
         check(summary)?;
         check_slice(releases, cap)?;
-        let fenced = t.inner.fence_rank(rank)?;
+        // At most `cap` releases come back; the core queues the others before it wakes
+        // their waiters (and queues rather than aborting if its list cannot grow).
+        // MUTATION (test-only, `--cfg kvfence_ffi_drop_overflow`): every release comes
+        // back and those beyond `cap` are dropped, lost.
+        let max = if cfg!(kvfence_ffi_drop_overflow) {
+            usize::MAX
+        } else {
+            cap
+        };
+        let fenced = t.inner.fence_rank_max(rank, max)?;
         let mut out = kvfence_fenced {
             quiesced: fenced.quiesced as u64,
             failed_ended: fenced.failed_ended as u64,
@@ -1752,9 +1847,6 @@ pub unsafe extern "C" fn kvfence_fence_rank(
                 // SAFETY: `i < cap`, valid for `cap` writes by contract.
                 unsafe { put(releases.add(i), c_release(r)) };
                 out.released += 1;
-            } else {
-                t.overflow(r);
-                out.queued += 1;
             }
         }
         // SAFETY: checked.
@@ -1823,9 +1915,10 @@ pub unsafe extern "C" fn kvfence_pop_released(
 }
 
 /// Delivers up to `cap` queued releases into `out[0..*n]` (the rest stay queued: call again
-/// while `*n == cap`), in one pass over the queue. Call it from the owner thread each loop;
-/// any thread may, and each release goes to exactly one caller. Lock-free when the overflow
-/// queue is empty; no allocation.
+/// while `*n == cap`), in one pass over the queue (releases given back with
+/// `kvfence_release_requeue` first). Call it from the owner thread each loop; any thread
+/// may, and each release goes to exactly one caller. Lock-free when no release was given
+/// back; no allocation.
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`.
 ///
@@ -1864,8 +1957,8 @@ pub unsafe extern "C" fn kvfence_drain_released(
     })
 }
 
-/// Releases waiting to be drained right now (the core's queue and this library's
-/// overflow). Thread-safe.
+/// Releases waiting to be drained right now (the core's queue and the releases given back
+/// with `kvfence_release_requeue`). Thread-safe.
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`.
 ///
@@ -1919,6 +2012,82 @@ pub unsafe extern "C" fn kvfence_release_free(release: *mut kvfence_release) -> 
             // `c_release` (by this function's contract) and reset below: freed once.
             drop(unsafe { Vec::from_raw_parts(pages, len, cap) });
         }
+        // SAFETY: `release` is valid for writes.
+        unsafe { put(release, NO_RELEASE) };
+        Ok(())
+    })
+}
+
+/// Gives a release back to the table, unread: it goes to the release queue, and the next
+/// `kvfence_drain_released` / `kvfence_pop_released` hands it out again (before the releases
+/// the core queued). `*release` is reset to the empty release (reason NONE); one whose
+/// reason is NONE is left as it is. For a caller that received a release it cannot act on
+/// (the C++ `Release` destroyed without its pages read uses it: a gate-mode release is
+/// never dropped silently). The release was delivered already: its room index may be in
+/// use again and `kvfence_wait_released` for it has returned; only the drain delivers it
+/// again. Counted by `kvfence_queued_releases` and `kvfence_stats.overflow_releases`.
+/// Thread-safe (one short lock).
+///
+/// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_ARGUMENT` (a
+/// `reason` that is no `kvfence_reason`), `KVFENCE_OUT_OF_MEMORY` (the queue could not grow:
+/// the release stays the caller's, unchanged).
+///
+/// # Safety
+/// `table` live; `release` written by a kvfence function of this table (or zero-filled)
+/// and not changed or freed since.
+#[no_mangle]
+pub unsafe extern "C" fn kvfence_release_requeue(
+    table: *const kvfence_table,
+    release: *mut kvfence_release,
+) -> kvfence_status {
+    call(|| {
+        // SAFETY: a live table by contract.
+        let t = unsafe { self::table(table) }?;
+        check(release)?;
+        // Field by field, as `kvfence_release_free` (a C struct may hold any bits).
+        // SAFETY: checked non-null and aligned; valid for reads by contract.
+        let (handle, token, reason, pages, len, cap) = unsafe {
+            (
+                ptr::addr_of!((*release).handle).read(),
+                ptr::addr_of!((*release).token).read(),
+                ptr::addr_of!((*release).reason).cast::<u32>().read(),
+                ptr::addr_of!((*release).pages).read(),
+                ptr::addr_of!((*release).pages_len).read(),
+                ptr::addr_of!((*release).pages_cap).read(),
+            )
+        };
+        let reason = match reason {
+            0 => return Ok(()), // nothing to give back
+            1 => Reason::Finished,
+            2 => Reason::Aborted,
+            3 => Reason::Quarantined,
+            _ => {
+                return Err(refuse(
+                    KVFENCE_BAD_ARGUMENT,
+                    "kvfence_release.reason is not a kvfence_reason",
+                ))
+            }
+        };
+        let mut q = t.overflow.lock().unwrap_or_else(|e| e.into_inner());
+        if q.try_reserve(1).is_err() {
+            return Err(out_of_memory(size_of::<Released>()));
+        }
+        let pages = if pages.is_null() || cap == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: `pages`/`len`/`cap` are a Vec<u32>'s raw parts, handed out by
+            // `c_release` (by this function's contract); the struct is reset below, so the
+            // caller no longer frees them.
+            unsafe { Vec::from_raw_parts(pages, len, cap) }
+        };
+        q.push(Released {
+            handle: handle_of(handle),
+            token,
+            pages,
+            reason,
+        });
+        t.overflow_len.store(q.len(), Ordering::Release);
+        drop(q);
         // SAFETY: `release` is valid for writes.
         unsafe { put(release, NO_RELEASE) };
         Ok(())

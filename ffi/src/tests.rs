@@ -218,6 +218,10 @@ fn every_exported_function_catches_a_panic() {
         );
         armed(&|| Some(kvfence_release_free(n.cast())), "release_free");
         armed(
+            &|| Some(kvfence_release_requeue(t, n.cast())),
+            "release_requeue",
+        );
+        armed(
             &|| Some(kvfence_releases_free(n.cast(), 0)),
             "releases_free",
         );
@@ -260,6 +264,13 @@ fn every_exported_function_catches_a_panic() {
             None
         },
         "abi_version",
+    );
+    armed(
+        &|| {
+            assert_eq!(kvfence_last_error_id(), 0);
+            None
+        },
+        "last_error_id (fallback 0)",
     );
     armed(
         &|| {
