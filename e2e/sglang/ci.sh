@@ -37,7 +37,7 @@ unit_rc=$?
 # the pytest entry point, not `python -m pytest`, so that python/ cannot shadow the
 # installed package.
 (cd "$here/../../python" && KVFENCE_SGLANG=0 "$venv/bin/pytest" -q -p no:cacheprovider \
-    tests/test_sglang_adapter.py) > "$out/adapter.txt" 2>&1
+    tests/test_sglang_adapter.py tests/test_sglang_real_classes.py) > "$out/adapter.txt" 2>&1
 adapter_rc=$?
 
 "$venv/bin/python" - "$out" "$e2e_rc" "$unit_rc" "$adapter_rc" <<'PY'
@@ -94,7 +94,7 @@ else:
           unit_rc == 0 and m is not None and m.group(2) == "0",
           m.group(0) if m else "rc=%d\n%s" % (unit_rc, u[-3000:]))
 a = open(out + "/adapter.txt").read()
-check("kvfence.sglang's own tests (python/tests/test_sglang_adapter.py)", adapter_rc == 0,
+check("kvfence.sglang's own tests (python/tests/test_sglang_adapter.py, test_sglang_real_classes.py)", adapter_rc == 0,
       (a.strip().splitlines() or ["no output"])[-1] if adapter_rc == 0 else a[-3000:])
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)

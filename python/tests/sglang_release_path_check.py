@@ -25,7 +25,7 @@ for n in (1, 10, 300):
     for on in (False, True):
         b.decode_lifecycle(n, on)
 gate = getattr(b._decode_mgrs[True], "_kvfence_gate")
-assert not gate.records and not gate.decided and not gate.room_handle and not gate.held_for_good, gate
+assert not gate.records and not gate.decided and not gate.room_handles and not gate.held_for_good, gate
 assert not gate.aborted, gate
 
 # SGLang clears the held list in place (release_memory_occupation) and holds new entries
@@ -130,12 +130,12 @@ assert gate.decided.get(h) == "aborted", gate.decided
 assert gate.ignored_acks == ignored + 3
 # Released, not yet freed by SGLang: its record stays (until _do_release); a late
 # duplicate ACK finds it stale and is counted as ignored, nothing else changes.
-assert h in gate.records and gate.room_handle.get(4242) == h
+assert h in gate.records and gate.room_handles.get(4242) == (h,)
 mgr.note_abort_ack(4242, 0, h)
 assert gate.ignored_acks == ignored + 4 and gate.decided.get(h) == "aborted"
 gate.decided.pop(h)
 gate.aborted.pop(h)
-assert gate.forget(h) is not None and 4242 not in gate.room_handle
+assert gate.forget(h) is not None and 4242 not in gate.room_handles
 
 # The ABORT of a kvfence room carries the room's handle as its generation (SGLang's own
 # _send_abort_notification arms it through the wrapped register_deferred_abort_room) and

@@ -128,7 +128,9 @@ def test_startup_hook_is_inert_without_the_variable(monkeypatch):
 def test_startup_hook_arms_a_one_shot_finder(monkeypatch):
     monkeypatch.setenv("KVFENCE_SGLANG", "1")
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    sys.modules.pop(_startup.TRIGGER, None)
+    # (restored after the test: popping SGLang's module for good would make a later import
+    # of it run again and register its Prometheus metrics twice)
+    monkeypatch.delitem(sys.modules, _startup.TRIGGER, raising=False)
     _startup.maybe_hook()
     _startup.maybe_hook()  # idempotent
     finders = [f for f in sys.meta_path if isinstance(f, _startup._PostImportFinder)]
@@ -306,7 +308,7 @@ def test_a_sent_request_has_no_room_until_its_abort():
     assert rs[0]._kvfence[1] == list(range(8))
     h = gate.open_at_abort(rs[9])
     assert h is not None and rs[9]._kvfence == h
-    assert gate.records[h].writers == gate.ranks.of(_ADDR) and gate.room_handle[9] == h
+    assert gate.records[h].writers == gate.ranks.of(_ADDR) and gate.room_handles[9] == (h,)
     assert gate.records[h].held_pages == 5
     assert gate.open_at_abort(rs[9]) is None  # opened once
     unsent = _recv(mgr, 99)

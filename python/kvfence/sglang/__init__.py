@@ -39,6 +39,8 @@ __all__ = [
     "SUPPORTED_SGLANG",
     "UnsupportedSGLangVersion",
     "Config",
+    "RoomsStillHeld",
+    "held_requests",
     "install",
     "uninstall",
     "installed",
@@ -69,18 +71,34 @@ def _sglang_version() -> str:
         ) from None
 
 
+def _attach_for(mgr: Any) -> Optional[str]:
+    """Attaches the gate of ``mgr``'s side (``"decode"`` / ``"prefill"``, returned), or
+    none (``None``): only to SGLang's own ``MooncakeKVManager``, not to a subclass (Ascend's
+    ``AscendKVManager`` moves bytes with another engine: the teardown proof and the
+    per-chunk span were shown for Mooncake's TCP transport only), which stays stock."""
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    from . import decode, prefill
+
+    if type(mgr) is not MooncakeKVManager:
+        logger.warning("kvfence.sglang: %s is not gated (only SGLang's MooncakeKVManager "
+                       "is supported); it runs as stock SGLang", type(mgr).__qualname__)
+        return None
+    mode = getattr(mgr, "disaggregation_mode", None)
+    if mode == DisaggregationMode.DECODE:
+        decode.attach(mgr)
+        return "decode"
+    if mode == DisaggregationMode.PREFILL:
+        prefill.attach(mgr)
+        return "prefill"
+    return None
+
+
 def _manager_init(orig: Callable[..., Any]) -> Callable[..., Any]:
     def __init__(self: Any, *a: Any, **kw: Any) -> None:
         orig(self, *a, **kw)
-        from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-        from . import decode, prefill
-
-        mode = getattr(self, "disaggregation_mode", None)
-        if mode == DisaggregationMode.DECODE:
-            decode.attach(self)
-        elif mode == DisaggregationMode.PREFILL:
-            prefill.attach(self)
+        _attach_for(self)
     return __init__
 
 
@@ -130,14 +148,53 @@ def install(config: Optional[Config] = None) -> None:
                     found, len(ps.patches))
 
 
-def uninstall() -> None:
+class RoomsStillHeld(RuntimeError):
+    """:func:`uninstall` refused: kvfence holds aborted requests whose pages only it can
+    release (nothing was changed)."""
+
+
+def held_requests() -> List[Tuple[int, str]]:
+    """``(bootstrap_room, state)`` of every aborted request whose pages a decode gate of
+    this process still holds: ``"held"`` (waiting for its writers' ACKs or a fence),
+    ``"released"`` (kvfence released it; SGLang frees it at its next scan) or
+    ``"held for good"`` (no room could be opened for it)."""
+    out: List[Tuple[int, str]] = []
+    for g in list(_state.decode_gates):
+        for h in list(g.aborted):
+            rec = g.records.get(h)
+            if rec is not None:
+                out.append((rec.room, "released" if h in g.decided else "held"))
+        out.extend((room, "held for good") for room in list(g.held_for_good))
+    return out
+
+
+def uninstall(force: bool = False) -> None:
     """Restores every SGLang method :func:`install` wrapped (no-op if not installed).
 
-    Managers built while installed keep their gate object but stop using it."""
+    **Refuses** (:class:`RoomsStillHeld`, naming them; nothing changed) while a decode
+    gate holds aborted requests (:func:`held_requests`): SGLang's own code could never
+    release them (it has no ACK state for them, their deadline is infinite, and their
+    ACKs carry kvfence's handles), so uninstalling would strand their pages. Wait until
+    they are released (their writers ACK or are fenced, then one scheduler iteration),
+    or fence their prefills. ``force=True`` uninstalls anyway and strands them, logged
+    (for a process that is exiting). Managers built while installed keep their gate
+    object but stop using it."""
     global _patches
     with _lock:
         if _patches is None:
             return
+        held = held_requests()
+        if held:
+            what = ", ".join("%s (%s)" % (r, st) for r, st in held[:10])
+            more = "" if len(held) <= 10 else " and %d more" % (len(held) - 10)
+            if not force:
+                raise RoomsStillHeld(
+                    "kvfence.sglang: not uninstalled: %d aborted requests are held by "
+                    "kvfence, which alone can release them: %s%s. Wait for their "
+                    "prefills' ACKs (or fence_prefill() them) and one scheduler "
+                    "iteration; nothing was changed" % (len(held), what, more))
+            logger.error("kvfence.sglang: uninstalled with %d aborted requests held: "
+                         "their pages are never freed: %s%s", len(held), what, more)
         _patches.undo()
         _patches = None
         metrics.unregister()
@@ -151,10 +208,15 @@ def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator") -> i
     For a fencing agent or an operator who has cut that prefill off (its process killed,
     its host powered off or isolated): kvfence trusts the caller that no byte of it can
     land any more. The heartbeat path calls the same fence only after its own proof
-    (:mod:`kvfence.sglang.teardown`)."""
+    (:mod:`kvfence.sglang.teardown`).
+
+    Also after the heartbeat declared that prefill dead (which retired its ranks and
+    waits, or gave up waiting, for a proof that never comes for a powered-off host): the
+    ranks retired and not fenced yet are kept per address, and fenced here."""
     total = 0
     for g in list(_state.decode_gates):
-        ranks = g.retire(bootstrap_addr)
+        g.retire(bootstrap_addr)  # the instance's current ids join the retired ones
+        ranks = g.unfenced(bootstrap_addr)
         if ranks:
             total += g.fence(bootstrap_addr, ranks, why)
     return total
@@ -172,12 +234,14 @@ def snapshot() -> Dict[str, Any]:
                     "fenced_ranks": g.fenced_ranks, "fenced": s["fenced"],
                     "records": len(g.records), "decided": len(g.decided),
                     "held_for_good": len(g.held_for_good), "unguarded_rooms": g.unguarded_rooms,
-                    "ignored_acks": g.ignored_acks})
+                    "ignored_acks": g.ignored_acks, "dropped_rooms": g.dropped_rooms,
+                    "retired_unfenced": sum(len(v) for v in list(g.retired.values()))})
     pre: List[Dict[str, Any]] = []
     for p in list(_state.prefill_gates):
         s = p.table.stats()
         pre.append({"rooms_owned": s["rooms_owned"], "rooms_closing": s["rooms_closing"],
                     "refused_chunks": p.refused_chunks, "failed_transfers": p.failed_transfers,
+                    "refused_rooms": p.refused_rooms,
                     "quarantined_rooms": p.quarantined_rooms})
     out["decode"] = dec
     out["prefill"] = pre

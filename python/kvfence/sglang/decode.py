@@ -65,6 +65,7 @@ case) then costs no room, no count and no other wrapper: only what ``send_metada
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -133,7 +134,13 @@ class DecodeGate:
     table: kvfence.RoomTable
     ranks: RankRegistry = field(default_factory=RankRegistry)
     records: Dict[int, RoomRecord] = field(default_factory=dict)  # handle -> record
-    room_handle: Dict[int, int] = field(default_factory=dict)  # bootstrap_room -> handle
+    # bootstrap_room -> the handles of its open records, in the order they opened. A room
+    # id is not unique among held requests (a retry to another prefill reuses it; SGLang
+    # 0.5.23 accepts a duplicate unless decode allocation is deferred), so no decision is
+    # ever read through it: a held request's decision is its own handle's (the one on its
+    # receiver). Written on the scheduler thread only, each value replaced whole (a tuple),
+    # so the heartbeat thread's reads see one consistent value.
+    room_handles: Dict[int, Tuple[int, ...]] = field(default_factory=dict)
     # handle -> release reason, for rooms kvfence released whose pages SGLang has not
     # freed yet (their records stay in `records` until _do_release)
     decided: Dict[int, str] = field(default_factory=dict)
@@ -147,6 +154,21 @@ class DecodeGate:
     # bootstrap_room -> handle, while that kvfence room's ABORT is being armed (set and
     # popped by _send_abort_notification's wrapper, taken by register_deferred_abort_room's)
     arming: Dict[int, int] = field(default_factory=dict)
+    # Handles whose held entries SGLang dropped without freeing them
+    # (DecodeTransferQueue.release_memory_occupation: the pool is torn down): no longer
+    # held, so not in `aborted`; their records stay until kvfence releases their rooms
+    # (an ACK or a fence may still come), then go (drain). Scheduler thread.
+    dropped: Set[int] = field(default_factory=set)
+    dropped_rooms: int = 0  # how many (counted once each)
+    # bootstrap_addr -> kvfence ids retired from the instance there and not fenced yet
+    # (the heartbeat retired them; its fence thread may still be waiting for a proof, or
+    # gave up): what fence_prefill(addr) fences. Guarded by `lock` (the heartbeat thread,
+    # each fence thread and the operator's thread touch it).
+    retired: Dict[str, Set[int]] = field(default_factory=dict)
+    # Guards `retired` only. A leaf lock: nothing else (no SGLang lock, no kvfence call
+    # that can block) is taken while it is held, and it is never taken while an SGLang
+    # lock is held (the _handle_node_failure wrapper releases SGLang's connection_lock
+    # before node_failed runs).
     lock: threading.Lock = field(default_factory=threading.Lock)
     capacity: int = 0  # the table's rooms (set from it)
     unguarded_rooms: int = 0  # aborted requests whose room the table refused (not expected)
@@ -154,8 +176,18 @@ class DecodeGate:
     quarantined_rooms: int = 0
     quarantined_pages: int = 0
     ignored_acks: int = 0
+    # bootstrap_addr -> why requests to it are refused: the prefill instance there sent a
+    # generation-less ABORT_ACK (an SGLang prefill with deferred release off, or older
+    # than the generation-tagged ACK): its ACKs can never release a kvfence room, so every
+    # request sent to it would be held for good. Written on the decode thread (ACKs),
+    # read on the scheduler thread (send_metadata): single dict operations.
+    legacy: Dict[str, str] = field(default_factory=dict)
+    legacy_acks: int = 0
+    # bootstrap_addr -> when an overdue hold on it was last reported (scheduler thread)
+    overdue_logged: Dict[str, float] = field(default_factory=dict)
     next_policy_scan: float = 0.0
-    proof: Callable[[str, List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
+    # (hosts a writer of the instance may connect from, its endpoints) -> torn down?
+    proof: Callable[[List[str], List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
     managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
 
     def __post_init__(self) -> None:
@@ -236,7 +268,7 @@ class DecodeGate:
         # Single dict operations are atomic under the GIL; every writer of these dicts
         # runs on the scheduler thread, the ACK and heartbeat threads only read them.
         self.records[h] = rec
-        self.room_handle[room] = h
+        self.room_handles[room] = self.room_handles.get(room, ()) + (h,)
         receiver._kvfence = h
         return h
 
@@ -255,19 +287,20 @@ class DecodeGate:
         ids = self.ranks.ids(addr, unique)
         # One entry per instance: an info SGLang replaced (a re-bootstrap) is dropped (a
         # request sent with it keeps its own reference to the set).
+        # (pop, not del: the heartbeat thread's retire() may have popped it meanwhile)
         for k, old in list(self.writer_cache.items()):
             if old.addr == addr and old.info is not info:
-                del self.writer_cache[k]
+                self.writer_cache.pop(k, None)
         # Whether kvfence can open a room for this set at all (too many writers, say):
         # found out once per instance by opening one, not at a request's abort, when it
         # would be too late to refuse the request cleanly.
-        error: Optional[str] = None
+        error: Optional[str] = self.legacy.get(addr)
         try:
             probe = self.table.open(ids, None, 0)
         except kvfence.TableFull:
             pass
         except kvfence.Error as e:
-            error = "writer set %s of prefill %s: %s" % (ids, addr, e)
+            error = error or "writer set %s of prefill %s: %s" % (ids, addr, e)
             logger.error("kvfence: %s", error)
         else:
             # Released by this call, or queued (the drain forgets a "finished" release).
@@ -280,13 +313,28 @@ class DecodeGate:
         """Takes every release kvfence decided; applies the quarantine policy (its scan
         runs at most every 0.1 s)."""
         q = _state.config.quarantine_after
-        if q is not None and self.records:
+        if self.aborted:
             now = time.monotonic()
             if now >= self.next_policy_scan:
                 self.next_policy_scan = now + 0.1
+                overdue = _state.config.overdue_after
                 for h, t in list(self.aborted.items()):
-                    if now - t >= q and h in self.records and h not in self.decided:
+                    rec = self.records.get(h)
+                    if rec is None or h in self.decided:
+                        continue
+                    if q is not None and now - t >= q:
                         self.quarantine(h, "no ACK and no fence for %.1f s" % (now - t))
+                    elif now - t >= overdue and \
+                            now - self.overdue_logged.get(rec.addr, -1e18) >= 300:
+                        self.overdue_logged[rec.addr] = now
+                        logger.error(
+                            "kvfence: aborted request %s held %.0f s with no ABORT_ACK from "
+                            "prefill %s (and no fence). If that prefill runs with "
+                            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0, it never "
+                            "ACKs: unset it there (the default is 1), or run the prefill "
+                            "with kvfence (KVFENCE_SGLANG=1). Its pages stay held until its "
+                            "writers ACK or are fenced (fence_prefill)", rec.room, now - t,
+                            rec.addr)
         if not self.table.queued_releases():
             return
         # (handle, reason) pairs, no Released object each (the gate's rooms carry no page
@@ -294,22 +342,34 @@ class DecodeGate:
         # its pages (_do_release): one dict store per release here.
         decided = self.decided
         for h, why in self.table.drain_reasons():
-            if why == "finished":
+            if why == "finished" or h in self.dropped:
                 # Not a request's room: the probe of a new writer set (_writers), whose
-                # release finish_drained queued. Nothing to free.
+                # release finish_drained queued. Or a room whose held entry SGLang
+                # dropped (release_memory_occupation). Nothing to free.
                 self.forget(h)
             else:
                 decided[h] = why
 
     def forget(self, h: int) -> Optional[RoomRecord]:
-        """Drops the record of ``h`` (and its bootstrap_room's mapping, unless that names
-        a newer request of the same room); returns it."""
+        """Drops the record of ``h`` (and ``h`` from its bootstrap_room's handles; the
+        other requests of the same room keep theirs); returns it."""
         rec = self.records.pop(h, None)
+        self.dropped.discard(h)
         if rec is not None:
-            other = self.room_handle.pop(rec.room, h)
-            if other != h:
-                self.room_handle[rec.room] = other
+            hs = tuple(x for x in self.room_handles.get(rec.room, ()) if x != h)
+            if hs:
+                self.room_handles[rec.room] = hs
+            else:
+                self.room_handles.pop(rec.room, None)
         return rec
+
+    def released_for(self, room: int) -> bool:
+        """Whether every open request of ``room`` was released by kvfence: the answer
+        for a caller that names a room and not a request (SGLang's own
+        ``is_abort_release_safe`` outside ``resolve_deferred_releases``). Conservative
+        when the room is shared: one held request of it keeps the answer ``False``."""
+        decided = self.decided
+        return all(h in decided for h in self.room_handles.get(room, ()))
 
     def quarantine(self, h: int, why: str) -> None:
         """Takes the room out of circulation for good (its pages are never freed)."""
@@ -325,9 +385,34 @@ class DecodeGate:
                        "prefill %s): %s; these pages are never reused",
                        rec.room if rec else "?", pages, rec.addr if rec else "?", why)
 
+    # -- decode thread ---------------------------------------------------------------
+    def legacy_ack(self, room: int) -> None:
+        """A generation-less ABORT_ACK for ``room`` arrived: the prefill instance that
+        sent it (the instance of every open room of ``room``) cannot release a kvfence
+        room. Refuses every later request to it, loudly, with the fix."""
+        self.legacy_acks += 1
+        addrs = {rec.addr for h in self.room_handles.get(room, ())
+                 for rec in (self.records.get(h),) if rec is not None}
+        for addr in sorted(addrs):
+            if addr in self.legacy:
+                continue
+            why = ("prefill %s sends generation-less ABORT_ACKs (it runs with "
+                   "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0, or an SGLang without "
+                   "generation-tagged ACKs): kvfence on this decode cannot release an aborted "
+                   "request's pages through it, so requests to it are refused. Fix: unset "
+                   "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE on that prefill (the "
+                   "default is 1), or run it with kvfence (KVFENCE_SGLANG=1), then restart "
+                   "this decode" % addr)
+            self.legacy[addr] = why
+            for c in list(self.writer_cache.values()):
+                if c.addr == addr:
+                    c.error = why
+            logger.error("kvfence: %s", why)
+
     # -- heartbeat thread ------------------------------------------------------------
     def node_failed(self, addr: str, affected: Iterable[int] = (),
-                    status: Optional[Dict[int, Any]] = None) -> None:
+                    status: Optional[Dict[int, Any]] = None,
+                    rank_hosts: Iterable[str] = ()) -> None:
         """The heartbeat declared ``addr`` dead: fence its ranks once its transport is
         proven torn down (a thread polls the proof; a live prefill is never fenced).
 
@@ -335,29 +420,40 @@ class DecodeGate:
         (``addr_to_rooms_tracker``, read before SGLang drops it), ``status`` SGLang's
         ``request_status``: a request among them that SGLang has not cleared may still
         open a room with these ranks at its abort (its metadata went out to them), so the
-        thread keeps polling for the proof while one is left."""
+        thread keeps polling for the proof while one is left. ``rank_hosts``: the
+        ``rank_ip`` every rank of the instance registered (SGLang's connection pool, read
+        before SGLang drops it); with the bootstrap host and the ``rank_ip`` of every
+        request's bootstrap infos, the addresses the proof checks for inbound sockets (a
+        prefill's ranks connect from their own addresses: multi-node prefill, or a data
+        NIC that registered as ``rank_ip``)."""
         host, _, port = addr.rpartition(":")
         eps: Set[Tuple[str, int]] = {(host, int(port))}
+        hosts: Set[str] = {host}
+        hosts.update(h for h in rank_hosts if h)
         sets = [c for c in list(self.writer_cache.values()) if c.addr == addr]
         infos = [rec.infos for rec in list(self.records.values()) if rec.addr == addr]
         infos += [c.infos for c in sets]
         for bi in infos:
             for b in bi or ():
+                ip = b.get("rank_ip")
+                if ip:
+                    hosts.add(str(ip))
                 if b.get("rank_port"):
-                    eps.add((str(b.get("rank_ip")), int(b.get("rank_port"))))
+                    eps.add((str(ip), int(b.get("rank_port"))))
         ranks = self.retire(addr)
         if not ranks:
             return
         fenced = set(ranks)
         pending = list(affected)
         st: Dict[int, Any] = {} if status is None else status
+        proof_hosts = sorted(hosts)
 
         def waits() -> bool:
             # An open room not yet released writes to them, or a request SGLang still
             # tracks whose room is not open yet (it opens at its abort, with these ranks
             # unless they are fenced by then). A successful one opens none.
             decided = self.decided
-            opened = self.room_handle
+            opened = self.room_handles
             return any(not fenced.isdisjoint(rec.writers)
                        for h, rec in list(self.records.items()) if h not in decided) \
                 or any(r not in opened and st.get(r, _SUCCESS) != _SUCCESS for r in pending)
@@ -373,26 +469,42 @@ class DecodeGate:
                 if idle >= 2:
                     logger.info("kvfence: prefill %s declared dead; no room waits on it", addr)
                     return
-                if idle == 0 and self.proof(host, sorted(eps)):
+                if not self.unfenced(addr, ranks):
+                    return  # fenced meanwhile (fence_prefill)
+                if idle == 0 and self.proof(proof_hosts, sorted(eps)):
                     break
                 time.sleep(_state.config.teardown_poll)
             self.fence(addr, ranks, "transport torn down %.2f s after the heartbeat failure"
-                       % (time.monotonic() - t0))
+                       " (no socket left from %s)" % (time.monotonic() - t0,
+                                                       ", ".join(proof_hosts)))
 
         threading.Thread(target=fence_when_torn_down, name="kvfence-fence-%s" % addr,
                          daemon=True).start()
 
     def retire(self, addr: str) -> List[int]:
         """Forgets the kvfence ids of the instance at ``addr`` (returned: to be fenced); a
-        returning instance gets new ones."""
+        returning instance gets new ones. Until fenced they stay in :attr:`retired`, so
+        that :func:`kvfence.sglang.fence_prefill` can fence them later."""
         for k, c in list(self.writer_cache.items()):
             if c.addr == addr:
                 self.writer_cache.pop(k, None)
-        return self.ranks.retire(addr)
+        ranks = self.ranks.retire(addr)
+        if ranks:
+            with self.lock:
+                self.retired.setdefault(addr, set()).update(ranks)
+        return ranks
+
+    def unfenced(self, addr: str, ranks: Iterable[int] = ()) -> List[int]:
+        """The retired ids of ``addr`` not fenced yet (of ``ranks`` if given)."""
+        with self.lock:
+            left = self.retired.get(addr, set())
+            want = set(ranks)
+            return sorted(left & want if want else left)
 
     def fence(self, addr: str, ranks: List[int], why: str) -> int:
         """Fences ``ranks`` (of ``addr``); returns how many rooms that released."""
         released = 0
+        done: List[int] = []
         for r in ranks:
             try:
                 released += self.table.fence_rank(r)
@@ -400,6 +512,13 @@ class DecodeGate:
                 logger.error("kvfence: cannot fence rank %d of %s: %s", r, addr, e)
                 continue
             self.fenced_ranks += 1
+            done.append(r)
+        with self.lock:
+            left = self.retired.get(addr)
+            if left is not None:
+                left.difference_update(done)
+                if not left:
+                    del self.retired[addr]
         logger.warning("kvfence: fenced prefill %s (kvfence ranks %s): %s; %d rooms released",
                        addr, ranks, why, released)
         return released
@@ -571,18 +690,92 @@ def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
     return note_abort_ack
 
 
+def _handle_abort_ack_message(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def handle_abort_ack_message(self: Any, msg: List[bytes]) -> bool:
+        if len(msg) == 3:
+            # [ABORT_ACK, room, rank] with no generation: a legacy prefill's (SGLang
+            # drops it, so a kvfence room would wait on it for ever).
+            gate = getattr(self, _KEY, None)
+            if gate is not None and msg[0] == _ABORT_ACK_TAG:
+                try:
+                    room = int(msg[1].decode("ascii"))
+                except (ValueError, UnicodeDecodeError):
+                    room = None
+                if room is not None:
+                    gate.legacy_ack(room)
+        return bool(orig(self, msg))
+    return handle_abort_ack_message
+
+
 def _is_abort_release_safe(orig: Callable[..., Any]) -> Callable[..., Any]:
     def is_abort_release_safe(self: Any, bootstrap_room: int, required_acks: int) -> bool:
         gate = getattr(self, _KEY, None)
         if gate is not None:
-            h = gate.room_handle.get(bootstrap_room)
-            if h is not None:
-                # A kvfence room: kvfence's decision, not SGLang's ACK count.
-                return h in gate.decided
+            asks = _asks.cur
+            if asks is not None:
+                # Inside resolve_deferred_releases: SGLang asks once per held entry, in
+                # its list's order; the answer is that entry's own request's (its
+                # receiver's handle), never another request's of the same room.
+                q = asks.get((id(self), bootstrap_room))
+                if q:
+                    h = q.pop()
+                    if h is not None:
+                        return h in gate.decided
+                    # An entry kvfence does not gate: SGLang's own (below).
+                    if gate.held_for_good and bootstrap_room in gate.held_for_good:
+                        return False
+                    return bool(orig(self, bootstrap_room, required_acks))
+            hs = gate.room_handles.get(bootstrap_room)
+            if hs is not None:
+                # Asked for a room, not a request (outside SGLang's scan): yes only if
+                # every open request of the room was released by kvfence.
+                return bool(gate.released_for(bootstrap_room))
             if gate.held_for_good and bootstrap_room in gate.held_for_good:
                 return False  # its room was refused at the abort: never released
         return bool(orig(self, bootstrap_room, required_acks))
     return is_abort_release_safe
+
+
+class _Asks(threading.local):
+    """The per-entry answers of the scan SGLang is running on this thread:
+    ``(id(manager), bootstrap_room) -> [handle or None, ...]`` in reverse list order (a
+    ``pop()`` per question), or ``None`` outside a scan."""
+
+    cur: Optional[Dict[Tuple[int, int], List[Optional[int]]]] = None
+
+
+_asks = _Asks()
+
+
+def _scan(self: Any, orig: Callable[..., Any]) -> Any:
+    """Runs SGLang's ``resolve_deferred_releases`` on the held list as it is now, with
+    each held entry's ``is_abort_release_safe`` answered for that entry's own request.
+    SGLang 0.5.23 asks the manager of every entry that is not a host destination, once,
+    in list order, with the entry's room; the same room may be held by several requests
+    (and at attention TP > 1 every rank's answers are MIN-reduced entry by entry), so the
+    answers are queued per (manager, room) in that order."""
+    asks: Dict[Tuple[int, int], List[Optional[int]]] = {}
+    host = self._is_host_destination
+    for e in self._deferred_releases:
+        d = e[0]
+        if host(d):
+            continue
+        r = d.kv_receiver
+        h = getattr(r, _ATTR, None)
+        key = (id(r.kv_mgr), d.req.bootstrap_room)
+        lst = asks.get(key)
+        if lst is None:
+            asks[key] = [h if type(h) is int else None]
+        else:
+            lst.append(h if type(h) is int else None)
+    for lst in asks.values():
+        lst.reverse()
+    prev = _asks.cur
+    _asks.cur = asks
+    try:
+        return orig(self)
+    finally:
+        _asks.cur = prev
 
 
 class _ScanState:
@@ -660,15 +853,21 @@ def _resolve_held(self: Any, orig: Callable[..., Any]) -> Any:
         start, ungated, entry_of = 0, 0, {}
     # Entries held since the last call (each is checked once, not every iteration).
     for i in range(start, len(held)):
-        # Time never releases a page: SGLang's deadline (index 2 of each entry,
-        # "(decode_req, start_time, deadline, metadata_idx, required_acks)") is made
-        # infinite; only is_drained (kvfence's decision) remains.
         e = held[i]
+        recv = e[0].kv_receiver
+        if getattr(recv.kv_mgr, _KEY, None) is None:
+            # A manager kvfence does not gate (built before install, or another
+            # backend's): exactly as stock, its deadline included.
+            ungated += 1
+            continue
+        # Time never releases a page of a gated manager: SGLang's deadline (index 2 of
+        # each entry, "(decode_req, start_time, deadline, metadata_idx,
+        # required_acks)") is made infinite; only is_drained (kvfence's decision) remains.
         if e[2] != inf:
             # One new tuple per entry (SGLang 0.5.23's entries have 5 fields).
             held[i] = e = (e[0], e[1], inf, e[3], e[4]) if len(e) == 5 \
                 else (e[0], e[1], inf) + tuple(e[3:])
-        h = getattr(e[0].kv_receiver, _ATTR, None)
+        h = getattr(recv, _ATTR, None)
         if type(h) is not int:
             ungated += 1
         else:
@@ -677,14 +876,15 @@ def _resolve_held(self: Any, orig: Callable[..., Any]) -> Any:
     st.ungated, st.entries = ungated, entry_of
     if ungated or not st.single:
         # A room kvfence does not gate is held, or more than one attention-TP rank
-        # (SGLang's all_reduce_flags must run on every rank): SGLang's own scan.
-        return orig(self)
+        # (SGLang's all_reduce_flags must run on every rank): SGLang's own scan, each
+        # entry answered for its own request.
+        return _scan(self, orig)
     if not any_decided:
         # Every held entry is a kvfence room and kvfence released none since the last
         # call: SGLang's scan would release nothing.
         return None
     if decided is None:
-        return orig(self)
+        return _scan(self, orig)
     # Only the entries kvfence released go through SGLang's scan (each is drained, so
     # SGLang releases it with _do_release); the others stay held, in order, unscanned.
     ready = [entry_of.pop(h) for h in list(decided) if h in entry_of]
@@ -697,7 +897,7 @@ def _resolve_held(self: Any, orig: Callable[..., Any]) -> Any:
         held[:] = [e for e in held if id(e) not in gone]
     self._deferred_releases = ready
     try:
-        return orig(self)
+        return _scan(self, orig)
     finally:
         left = self._deferred_releases  # what SGLang did not release (none, normally)
         self._deferred_releases = held
@@ -713,11 +913,12 @@ def _resolve_held(self: Any, orig: Callable[..., Any]) -> Any:
 
 def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
     def pop_transferred(self: Any, rids_to_check: Optional[List[str]] = None) -> Any:
-        # Hold every failed transfer until kvfence releases it, whatever the
-        # deferred-release flag says (legacy mode freed at once): the queue's flag and
-        # every gated manager's (SGLang sets each once, in its __init__; set here
-        # whatever set them since).
-        if not self.enable_deferred_kv_release:
+        # Hold every failed transfer of a gated manager until kvfence releases it,
+        # whatever the deferred-release flag says (legacy mode freed at once): the
+        # queue's flag and every gated manager's (SGLang sets each once, in its
+        # __init__; set here whatever set them since). A queue whose requests go to a
+        # manager with no gate is left exactly as stock.
+        if not self.enable_deferred_kv_release and _queue_gated(self):
             self.enable_deferred_kv_release = True
         for ref in _state.decode_manager_refs():
             mgr = ref()
@@ -725,6 +926,38 @@ def _pop_transferred(orig: Callable[..., Any]) -> Callable[..., Any]:
                 mgr.enable_deferred_decode_kv_release = True
         return orig(self, rids_to_check)
     return pop_transferred
+
+
+def _queue_gated(queue: Any) -> bool:
+    """Whether ``queue`` (a DecodeTransferQueue) serves a gated manager: the first of
+    its requests with a receiver has a gate (a scheduler's queue serves one manager)."""
+    for d in list(getattr(queue, "queue", None) or ()):
+        recv = getattr(d, "kv_receiver", None)
+        if recv is not None:
+            return getattr(getattr(recv, "kv_mgr", None), _KEY, None) is not None
+    return False
+
+
+def _release_memory_occupation(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def release_memory_occupation(self: Any, *a: Any, **kw: Any) -> Any:
+        # SGLang drops its held list (the pool is torn down, nothing is freed one by
+        # one): kvfence's records of those requests stop counting as held (metrics,
+        # quarantine policy) and go when kvfence releases their rooms (an ACK or a
+        # fence may still come: the table room stays until then).
+        for e in list(getattr(self, "_deferred_releases", None) or ()):
+            recv = getattr(e[0], "kv_receiver", None)
+            h = getattr(recv, _ATTR, None)
+            gate = getattr(getattr(recv, "kv_mgr", None), _KEY, None)
+            if gate is None or type(h) is not int:
+                continue
+            gate.aborted.pop(h, None)
+            if h in gate.records and h not in gate.dropped:
+                gate.dropped.add(h)
+                gate.dropped_rooms += 1
+                if gate.decided.pop(h, None) is not None:
+                    gate.forget(h)  # released already: nothing left to wait for
+        return orig(self, *a, **kw)
+    return release_memory_occupation
 
 
 def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -753,6 +986,7 @@ def _do_release(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _SUCCESS: Any = None  # KVPoll.Success (set by patches(), which imports SGLang)
+_ABORT_ACK_TAG: Any = None  # SGLang's ABORT_ACK frame tag (set by patches())
 
 
 def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -762,10 +996,25 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
         # rooms may still open with its ranks.
         tracker = getattr(self, "addr_to_rooms_tracker", None) or {}
         affected = list(tracker.get(failed_bootstrap_addr, ()))
+        hosts: List[str] = []
+        if gate is not None:
+            # Every rank_ip the instance's ranks registered (SGLang's connection pool,
+            # keyed by the bootstrap address plus a suffix per rank group; SGLang drops
+            # the entries below): the proof checks sockets from each of them. SGLang's
+            # connection_lock, taken alone (no kvfence lock is held with it).
+            lock = getattr(self, "connection_lock", None)
+            with lock if lock is not None else contextlib.nullcontext():
+                pool = dict(getattr(self, "connection_pool", None) or {})
+            for k, infos in pool.items():
+                if isinstance(k, str) and k.startswith(failed_bootstrap_addr):
+                    for b in infos or ():
+                        ip = b.get("rank_ip") if isinstance(b, dict) else None
+                        if ip:
+                            hosts.append(str(ip))
         out = orig(self, failed_bootstrap_addr)
         if gate is not None:
             gate.node_failed(failed_bootstrap_addr, affected,
-                             getattr(self, "request_status", None))
+                             getattr(self, "request_status", None), hosts)
         return out
     return _handle_node_failure
 
@@ -776,9 +1025,12 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
     from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.decode import DecodeTransferQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    global _SUCCESS, _DEVICE
+    from sglang.srt.disaggregation.common.conn import ABORT_ACK_TAG  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    global _SUCCESS, _DEVICE, _ABORT_ACK_TAG
     _SUCCESS = KVPoll.Success
     _DEVICE = KVTransferDestination.DEVICE
+    _ABORT_ACK_TAG = ABORT_ACK_TAG
     # The send_metadata wrapper mirrors SGLang's parameters (no *args repacking): refuse,
     # before anything is patched, an SGLang whose method takes others.
     require_params(CommonKVReceiver, "send_metadata", _SEND_METADATA_PARAMS)
@@ -787,9 +1039,11 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),
         (CommonKVManager, "register_deferred_abort_room", _register_deferred_abort_room),
         (CommonKVManager, "note_abort_ack", _note_abort_ack),
+        (CommonKVManager, "handle_abort_ack_message", _handle_abort_ack_message),
         (CommonKVManager, "is_abort_release_safe", _is_abort_release_safe),
         (CommonKVManager, "_handle_node_failure", _handle_node_failure),
         (DecodeTransferQueue, "resolve_deferred_releases", _resolve_deferred_releases),
         (DecodeTransferQueue, "pop_transferred", _pop_transferred),
         (DecodeTransferQueue, "_do_release", _do_release),
+        (DecodeTransferQueue, "release_memory_occupation", _release_memory_occupation),
     ]

@@ -18,6 +18,9 @@ metric                                     type   meaning
 ``kvfence_sglang_unguarded_rooms_total``   count  aborted requests whose room kvfence could
                                                   not open (not expected): their pages are
                                                   held for good, counted as quarantined
+``kvfence_sglang_refused_rooms_total``     count  prefill requests failed: no room free
+``kvfence_sglang_dropped_rooms_total``     count  held requests SGLang dropped unfreed
+                                                  (``release_memory_occupation``)
 =========================================  =====  ==============================================
 """
 
@@ -39,7 +42,8 @@ def values() -> Dict[str, float]:
     overdue_after = _state.config.overdue_after
     v: Dict[str, float] = dict.fromkeys(
         ["held_rooms", "held_pages", "overdue_rooms", "fenced_ranks", "quarantined_rooms",
-         "quarantined_pages", "refused_chunks", "failed_writes", "unguarded_rooms"], 0.0)
+         "quarantined_pages", "refused_chunks", "failed_writes", "unguarded_rooms",
+         "refused_rooms", "dropped_rooms"], 0.0)
     for g in list(_state.decode_gates):
         # The aborted rooms whose pages are not freed yet (open, or released by kvfence
         # and waiting for SGLang's next scan to free them).
@@ -55,9 +59,11 @@ def values() -> Dict[str, float]:
         v["quarantined_rooms"] += g.quarantined_rooms
         v["quarantined_pages"] += g.quarantined_pages
         v["unguarded_rooms"] += g.unguarded_rooms
+        v["dropped_rooms"] += g.dropped_rooms
     for p in list(_state.prefill_gates):
         v["refused_chunks"] += p.refused_chunks
         v["failed_writes"] += p.failed_transfers
+        v["refused_rooms"] += p.refused_rooms
     return v
 
 
@@ -72,6 +78,9 @@ _HELP = {
     "failed_writes": ("counter", "Prefill writes that returned -1 (room never ACKed)"),
     "unguarded_rooms": ("counter", "Aborted requests whose room kvfence could not open "
                                    "(held for good, counted as quarantined)"),
+    "refused_rooms": ("counter", "Prefill requests failed because no kvfence room was free"),
+    "dropped_rooms": ("counter", "Held requests SGLang dropped without freeing them "
+                                 "(release_memory_occupation)"),
 }
 
 

@@ -9,7 +9,8 @@ the prefill protects its writes with transfers only) is attached to each prefill
 ==============================================  ===============================================
 SGLang method (0.5.23)                          what kvfence adds
 ==============================================  ===============================================
-``CommonKVSender.__init__``                     opens the request's room
+``CommonKVSender.__init__``                     opens the request's room; with no room
+                                                free the request fails (never ungated)
 ``MooncakeKVManager.transfer_worker``           its queue is wrapped in a
                                                 :class:`kvfence.TransferQueue`, whose
                                                 ``get`` begins a transfer on the dequeued
@@ -29,6 +30,10 @@ SGLang method (0.5.23)                          what kvfence adds
                                                 good after a ``fail()``
 ``CommonKVSender.clear``                        ``finish``; a room with a failed write is
                                                 quarantined (never ACKed)
+``CommonKVSender.abort``                        ``abort`` on the room (a request aborted in
+                                                the waiting queue is never cleared: its
+                                                room is released once nothing of it is in
+                                                flight)
 ==============================================  ===============================================
 
 No write method is wrapped: a chunk costs one native call (the queue's ``get``: the
@@ -87,6 +92,15 @@ class PrefillGate:
     queues: List[kvfence.TransferQueue] = field(default_factory=list)
     failed_elsewhere: int = 0  # -1s of a room no worker queue was processing
     quarantined_rooms: int = 0
+    refused_rooms: int = 0  # requests failed because the table had no room free
+    # A handle of this table that names no live room (opened and finished at once): a
+    # room mapped to it has every chunk refused (StaleHandle).
+    refuse_handle: int = -1
+
+    def __post_init__(self) -> None:
+        h = self.table.open([], [], token=0)
+        self.table.finish(h)
+        self.refuse_handle = h
 
     @property
     def refused_chunks(self) -> int:
@@ -102,11 +116,20 @@ class PrefillGate:
         return id(self)
 
     def open_room(self, room: int) -> Optional[int]:
-        """A new request on ``room``: a new kvfence lifecycle."""
+        """A new request on ``room``: a new kvfence lifecycle. ``None`` if the table
+        refused it (full): the room is then mapped to :attr:`refuse_handle`, so that
+        every chunk of it is refused (never written ungated), and the caller fails the
+        request."""
         try:
             h = self.table.open([], [], token=room & 0xFFFF_FFFF_FFFF_FFFF)
         except kvfence.Error as e:
-            logger.error("kvfence: cannot open prefill room %s: %s", room, e)
+            self.refused_rooms += 1
+            logger.error("kvfence: cannot open prefill room %s: %s; the request fails "
+                         "(KVFENCE_SGLANG_ROOMS is %d)", room, e, self.table.rooms)
+            old = self.room_handle.get(room)
+            self.room_handle[room] = self.refuse_handle
+            if old is not None:
+                self.released.pop(old, None)
             return None
         old = self.room_handle.get(room)
         self.room_handle[room] = h
@@ -208,8 +231,32 @@ def _sender_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         orig(self, mgr, bootstrap_addr, bootstrap_room, *a, **kw)
         gate = _gate(mgr)
         if gate is not None and bootstrap_room is not None:
-            gate.open_room(int(bootstrap_room))
+            if gate.open_room(int(bootstrap_room)) is None:
+                # No room free: the request fails now (SGLang's own failure path: its
+                # chunks, were any queued, are skipped, and kvfence refuses them too);
+                # the gate is never off for it.
+                from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+                mgr.record_failure(bootstrap_room, "kvfence: no prefill room free "
+                                   "(KVFENCE_SGLANG_ROOMS=%d)" % gate.table.rooms)
+                mgr.update_status(bootstrap_room, KVPoll.Failed)
+                self.conclude_state = KVPoll.Failed
     return __init__
+
+
+def _sender_abort(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def abort(self: Any) -> Any:
+        # SGLang marks the room Failed (its worker skips the room's chunks from now on),
+        # and may never clear() the sender (a request aborted in the waiting queue:
+        # release_aborted_prefill_waiting_req): kvfence aborts the room too, so that it
+        # is released once no chunk of it is in flight, and its index goes back.
+        out = orig(self)
+        gate = _gate(self.kv_mgr)
+        if gate is not None and self.bootstrap_room is not None:
+            gate.abort(int(self.bootstrap_room))
+            gate.pump(self.kv_mgr)
+        return out
+    return abort
 
 
 def _sender_clear(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -313,6 +360,7 @@ def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[.
     return [
         (CommonKVSender, "__init__", _sender_init),
         (CommonKVSender, "clear", _sender_clear),
+        (CommonKVSender, "abort", _sender_abort),
         (MooncakeKVManager, "transfer_worker", _transfer_worker),
         (MooncakeKVManager, "_poison_unsettled_send", _poison_unsettled_send),
         (MooncakeKVManager, "_handle_abort_notification", _handle_abort_notification),

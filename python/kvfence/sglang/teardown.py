@@ -12,9 +12,12 @@ closes its end). :func:`mooncake_tcp_torn_down` therefore proves the teardown by
 kernel facts, checked together:
 
 1. **no inbound socket from the peer is left**: no TCP socket owned by this process whose
-   local port is one of this process's listening ports and whose remote address is the
-   prefill's host, in any state but ``LISTEN`` / ``TIME_WAIT`` (``/proc/self/net/tcp{,6}``
-   matched with the ``socket:[inode]`` links of ``/proc/self/fd``);
+   local port is one of this process's listening ports and whose remote address is any
+   address a writer of the instance connects from (its bootstrap host and every
+   ``rank_ip`` its ranks registered: with multi-node prefill, or a data NIC, those differ),
+   in any state but ``LISTEN`` / ``TIME_WAIT`` (``/proc/self/net/tcp{,6}`` matched with
+   the ``socket:[inode]`` links of ``/proc/self/fd``; ``CLOSE_WAIT`` with unread bytes
+   counts: Mooncake may still copy them);
 2. **the peer cannot open a new one**: every endpoint the prefill served (its bootstrap
    server and each rank's ZMQ port) refuses a TCP connection (``ECONNREFUSED``: nothing
    listens there, i.e. the process is gone). A timeout or an unreachable host is *not* a
@@ -26,7 +29,10 @@ is never fenced (its sockets stay): its rooms are released by its own ACKs, or b
 quarantine policy; a powered-off host cannot be proven from here (fact 2 times out): an
 operator or a fencing agent that has cut it off calls :func:`kvfence.sglang.fence_prefill`.
 Several prefill processes on one host share its address, so fact 1 waits for all of them
-(conservative: never an early fence).
+(conservative: never an early fence). Limit: a writer whose connections leave from an
+address its rank did not register as ``rank_ip`` (a source address the kernel picks on
+another NIC) is not seen; deploy with ``rank_ip`` (``SGLANG_HOST_IP``) set to the address
+Mooncake's traffic leaves from, or fence such a prefill with ``fence_prefill``.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import errno
 import ipaddress
 import os
 import socket
-from typing import Iterable, List, Set, Tuple
+from typing import Iterable, List, Set, Tuple, Union
 
 __all__ = ["mooncake_tcp_torn_down", "inbound_sockets_from", "endpoint_refuses"]
 
@@ -98,9 +104,10 @@ def _resolve(host: str) -> Set[str]:
         return {host}
 
 
-def inbound_sockets_from(host: str) -> int:
+def inbound_sockets_from(host: Union[str, Iterable[str]]) -> int:
     """How many sockets of this process, accepted on one of its listening ports from
-    ``host``, are still open (any state but LISTEN / TIME_WAIT)."""
+    ``host`` (one address or name, or several), are still open (any state but LISTEN /
+    TIME_WAIT)."""
     mine = _own_socket_inodes()
     rows = _sockets()
     listening = {lport for (_, lport, _, _, st, ino) in rows if st == _LISTEN and ino in mine}
@@ -108,7 +115,9 @@ def inbound_sockets_from(host: str) -> int:
     # ours: not the peer's.
     own_ends = {(lip, lport) for (lip, lport, _, _, st, ino) in rows
                 if ino in mine and st != _LISTEN}
-    peers = _resolve(host)
+    peers: Set[str] = set()
+    for h in ([host] if isinstance(host, str) else host):
+        peers |= _resolve(h)
     return sum(
         1
         for (_, lport, rip, rport, st, ino) in rows
@@ -128,12 +137,18 @@ def endpoint_refuses(host: str, port: int, timeout: float = 0.5) -> bool:
         return e.errno == errno.ECONNREFUSED
 
 
-def mooncake_tcp_torn_down(host: str, endpoints: Iterable[Tuple[str, int]]) -> bool:
-    """The proof described in the module docstring, for the prefill on ``host`` that
-    served ``endpoints`` (its bootstrap server and each rank's ZMQ endpoint)."""
+def mooncake_tcp_torn_down(hosts: Union[str, Iterable[str]],
+                           endpoints: Iterable[Tuple[str, int]]) -> bool:
+    """The proof described in the module docstring, for the prefill instance whose
+    writers connect from ``hosts`` (its bootstrap host and every ``rank_ip`` its ranks
+    registered: a multi-node prefill's ranks, or a data NIC, connect from addresses other
+    than the bootstrap host) and that served ``endpoints`` (its bootstrap server and
+    each rank's ZMQ endpoint). Every endpoint's host counts as a writer's host too."""
     eps = list(endpoints)
     if not eps:
         return False
     if not all(endpoint_refuses(h, p) for h, p in eps):
         return False
-    return inbound_sockets_from(host) == 0
+    peers = {hosts} if isinstance(hosts, str) else set(hosts)
+    peers.update(h for h, _ in eps)
+    return inbound_sockets_from(sorted(peers)) == 0
