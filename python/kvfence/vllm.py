@@ -64,8 +64,38 @@ hooks; everything else is vLLM's code. What changes, on purpose:
   ``prometheus_client`` metrics (``kvfence_vllm_events_total{event=...}``). Nothing
   travels in a side channel: releases travel as vLLM's ``finished_*`` sets.
 
+Threads and locks. vLLM runs the worker's hooks on the engine step thread, and in push
+mode also on its writer thread (``_do_start_push_kv``, ``_xfer_blocks``, and
+``_cleanup_remote_engine`` through ``_ensure_handshake`` -> ``_evict_stale_engines``),
+on its handshake executor (``_log_failure`` in a handshake's callback, under
+``_handshake_lock``) and, in tests, anywhere. Lock order, outermost first:
+vLLM's ``_handshake_lock``, vLLM's ``_sending_transfers_lock`` (push), kvfence's
+``_kvf_lock``. kvfence never takes a vLLM lock while it holds ``_kvf_lock`` (vLLM's push
+poll holds ``_sending_transfers_lock`` when it calls ``_pop_done_transfers`` and
+``_handle_failed_transfer``, which take ``_kvf_lock``). What each structure is guarded by:
+
+* ``_kvf_lock``: ``_kvf_room``, ``_kvf_req_of``, ``_kvf_xfers``, ``_kvf_handles``,
+  ``_kvf_rank`` / ``_kvf_next_rank``, ``_kvf_to_fence`` / ``_kvf_fence_since``,
+  ``_kvf_fences``, ``_kvf_posting`` / ``_kvf_tearing`` (with the condition
+  ``_kvf_cond``), ``_kvf_released_sends``, ``_kvf_quarantined_sends``, ``_kvf_events``.
+  A bare truthiness read of one of them outside the lock only decides whether to take it.
+* step thread only: ``_kvf_lapsed``, ``_kvf_held``, ``_kvf_scan_at`` / ``_kvf_scan_due``,
+  and the vLLM maps kvfence edits after a fence (``_recving_transfers``,
+  ``_recv_failures``); ``_sending_transfers`` / ``_send_failures`` under vLLM's
+  ``_sending_transfers_lock``.
+* the table (``kvfence_table``) is lock-free.
+
+A teardown may run on the writer thread: it retires the engine's rank at once (a new
+handshake gets a new one) and queues the fence, which the step thread runs. The step
+thread never tears down an engine while the writer is submitting a WRITE to it (the
+submission reads its descriptor lists), and releases every NIXL handle to the engine
+before vLLM's teardown releases those lists.
+
 Configuration: ``kv_connector_extra_config`` keys ``kvfence_rooms`` (table size, default
-65536), ``kvfence_stuck_handle_s``, ``kvfence_quarantine_after_s``, ``kvfence_on_failure``.
+65536), ``kvfence_stuck_handle_s``, ``kvfence_quarantine_after_s``, ``kvfence_on_failure``,
+``kvfence_failure_grace_s`` (default 2 s: after a handle fails, how long the teardown of
+its peer waits for that peer's other transfers, begun before the failure, to complete on
+their own; ``0`` tears down at once and fails them all).
 
 Only vLLM ``0.33.0`` is supported: importing this module under any other version raises
 :class:`ImportError` (the hooks are private methods of vLLM's NIXL worker).
@@ -155,7 +185,8 @@ EVENTS = Counter(
 #: ``fence``: a peer torn down and fenced; ``quarantine``: a room quarantined (its blocks
 #: never freed); ``lease_held``: a lapsed lease that did not free blocks; ``handle_failed``;
 #: ``handle_stuck``: a handle still posted after ``kvfence_stuck_handle_s``;
-#: ``released_after_lapse``: a held room released once its transfers ended.
+#: ``released_after_lapse``: a held room released once its transfers ended;
+#: ``released_after_quarantine``: a quarantined room's late completion freed its blocks.
 EVENT_NAMES = (
     "fence",
     "quarantine",
@@ -163,6 +194,7 @@ EVENT_NAMES = (
     "handle_failed",
     "handle_stuck",
     "released_after_lapse",
+    "released_after_quarantine",
 )
 
 
@@ -191,6 +223,7 @@ class _Xfer:
     req_id: str
     side: str  # "send" or "recv": whose room
     engine: Optional[str]  # remote engine id (None: unknown peer)
+    rank: Optional[int]  # the engine's kvfence rank when the transfer began (its peer)
     t0: float
     failed: bool = False
     released: bool = False  # its NIXL handle object was released (before a teardown)
@@ -274,19 +307,28 @@ class _KvfenceWorkerMixin:
         self._kvf_stuck_s = float(extra("kvfence_stuck_handle_s", 300.0))
         self._kvf_quarantine_s = float(extra("kvfence_quarantine_after_s", 4 * lease))
         self._kvf_on_failure = str(extra("kvfence_on_failure", "fence"))
+        self._kvf_grace_s = float(extra("kvfence_failure_grace_s", 2.0))
         if self._kvf_on_failure not in ("fence", "quarantine", "hold"):
             raise ValueError(
                 "kvfence_on_failure must be 'fence', 'quarantine' or 'hold', "
                 f"not {self._kvf_on_failure!r}"
             )
-        if self._kvf_rooms <= 0 or self._kvf_stuck_s <= 0 or self._kvf_quarantine_s < 0:
+        if (
+            self._kvf_rooms <= 0
+            or self._kvf_stuck_s <= 0
+            or self._kvf_quarantine_s < 0
+            or self._kvf_grace_s < 0
+        ):
             raise ValueError(
                 "kvfence_rooms and kvfence_stuck_handle_s must be > 0, "
-                "kvfence_quarantine_after_s >= 0"
+                "kvfence_quarantine_after_s and kvfence_failure_grace_s >= 0"
             )
         #: The process's one kvfence table (gate mode; released rooms are drained each step).
         self.kvfence_table = kvfence.RoomTable(self._kvf_rooms)
-        self._kvf_lock = threading.RLock()  # the push writer thread shares the maps
+        # Guards every structure below that another thread can reach (see "Threads and
+        # locks" in the module docs); the innermost lock: nothing is taken under it.
+        self._kvf_lock = threading.RLock()
+        self._kvf_cond = threading.Condition(self._kvf_lock)  # _kvf_tearing changes
         self._kvf_room: Dict[Tuple[str, str], int] = {}  # (side, req) -> handle
         self._kvf_req_of: Dict[int, Tuple[str, str]] = {}  # handle -> (side, req)
         self._kvf_xfers: Dict[Any, _Xfer] = {}  # NIXL handle or (side, req) -> transfer
@@ -295,6 +337,15 @@ class _KvfenceWorkerMixin:
         self._kvf_next_rank = 0
         self._kvf_lapsed: Dict[str, float] = {}  # lapsed send rooms -> lapse time
         self._kvf_to_fence: Dict[str, str] = {}  # engines to tear down -> why
+        self._kvf_fence_since: Dict[str, float] = {}  # engine -> when first queued
+        # Torn down, rank retired, fence not yet run (on the step thread): (engine, rank, why).
+        self._kvf_fences: List[Tuple[str, int, str]] = []
+        # Push: WRITE submissions in progress per decode engine (writer thread), and the
+        # engines the step thread is tearing down (no submission may start meanwhile).
+        self._kvf_posting: Dict[str, int] = {}
+        self._kvf_tearing: Set[str] = set()
+        # Send rooms quarantined whose late completion still frees the blocks (req ids).
+        self._kvf_quarantined_sends: Dict[str, None] = {}
         self._kvf_held: Dict[Tuple[str, str], bool] = {}  # reported by vLLM, room held
         # Send rooms released (reported sent), newest last: a late WRITE is not posted.
         self._kvf_released_sends: Dict[str, None] = {}
@@ -340,7 +391,8 @@ class _KvfenceWorkerMixin:
     # ---------------------------------------------------------------- bookkeeping
 
     def _kvf_event(self, event: str, subject: str, detail: str = "") -> None:
-        self._kvf_events.append((event, subject, detail))
+        with self._kvf_lock:
+            self._kvf_events.append((event, subject, detail))
 
     def kvfence_take_events(self) -> Optional[KvfenceWorkerMeta]:
         """The events since the last call, as connector metadata (None if none)."""
@@ -386,11 +438,12 @@ class _KvfenceWorkerMixin:
         with self._kvf_lock:
             h = self._kvf_open(side, req_id)
             assert h is not None
+            rank = self._kvf_rank_of(engine)
             try:
-                x = self.kvfence_table.begin_transfer(h, peer=self._kvf_rank_of(engine))
+                x = self.kvfence_table.begin_transfer(h, peer=rank)
             except (kvfence.RoomClosed, kvfence.StaleHandle):
                 return None
-            xf = _Xfer(x, req_id, side, engine, time.perf_counter())
+            xf = _Xfer(x, req_id, side, engine, rank, time.perf_counter())
             self._kvf_xfers.pop(key, None)  # (a reused key goes to the end: t0 order)
             self._kvf_xfers[key] = xf
             if isinstance(key, int):
@@ -427,7 +480,7 @@ class _KvfenceWorkerMixin:
                 # Push: the request's WRITE failed: it is over, release once drained.
                 self._kvf_close(_SEND, xf.req_id, abort=True)
             if self._kvf_on_failure == "fence" and xf.engine is not None:
-                self._kvf_to_fence.setdefault(xf.engine, why)
+                self._kvf_queue_fence(xf.engine, why)
             elif self._kvf_on_failure == "quarantine" or xf.engine is None:
                 self._kvf_quarantine(xf.side, xf.req_id, why)
         return xf
@@ -440,57 +493,91 @@ class _KvfenceWorkerMixin:
             self.kvfence_table.quarantine(h)
         except kvfence.Error:  # stale or released meanwhile: nothing to quarantine
             return
-        self._reqs_to_process.discard(req_id)  # a later notification changes nothing
+        if side == _SEND:
+            # The request stays in vLLM's _reqs_to_process: a late completion (the
+            # decode's notification, or the WRITE handle's DONE) is the proof of drain
+            # that was missing, and frees the blocks then (_kvf_filter).
+            self._kvf_quarantined_sends[req_id] = None
         logger.warning(
-            "kvfence: quarantined the %s blocks of request %s (%s): never freed", side, req_id, why
+            "kvfence: quarantined the %s blocks of request %s (%s): not freed unless its "
+            "transfer is later reported complete",
+            side,
+            req_id,
+            why,
         )
         self._kvf_event("quarantine", req_id, why)
 
     # ------------------------------------------------------- teardown, then fence
 
+    def _kvf_queue_fence(self, engine: str, why: str) -> None:
+        """Queues a peer for teardown, then fence (under ``_kvf_lock``)."""
+        if engine not in self._kvf_to_fence:
+            self._kvf_to_fence[engine] = why
+            self._kvf_fence_since[engine] = time.perf_counter()
+
     def _cleanup_remote_engine(self, engine_id: str, *, log_eviction: bool = True) -> None:
         """vLLM's teardown of a remote engine (``remove_remote_agent`` for each of its
-        agents), then kvfence's fence of its rank: every transfer to it ends."""
+        agents), then its kvfence rank is retired and queued for the fence.
+
+        Any thread may call this (push: vLLM's writer thread evicts stale engines). The
+        rank is retired at once, under ``_kvf_lock`` alone, so that a new handshake with
+        the same engine id gets a new rank and no transfer begun after the teardown can be
+        fenced by it; the fence itself (which touches vLLM's per-request maps and, in push
+        mode, takes vLLM's ``_sending_transfers_lock``) runs on the engine step thread
+        (:meth:`_kvf_run_fences`), holding no kvfence lock when it takes vLLM's."""
         self._kvf_ensure()
         super()._cleanup_remote_engine(engine_id, log_eviction=log_eviction)  # type: ignore[misc]
-        self._kvf_fence_engine(engine_id, self._kvf_to_fence.pop(engine_id, "teardown"))
-
-    def _kvf_fence_engine(self, engine_id: str, why: str) -> None:
         with self._kvf_lock:
+            why = self._kvf_to_fence.pop(engine_id, "teardown")
+            self._kvf_fence_since.pop(engine_id, None)
             rank = self._kvf_rank.pop(engine_id, None)
-            if rank is None:
-                return
-            released = self.kvfence_table.fence_rank(rank)
-            ended: List[Tuple[Any, _Xfer]] = [
-                (k, xf) for k, xf in self._kvf_xfers.items() if xf.engine == engine_id
-            ]
-            for key, xf in ended:
-                del self._kvf_xfers[key]
-                if not xf.x.ended:
-                    xf.x.fail()  # its peer is fenced: ends at once
-                self._kvf_forget_handle(key, xf)
-            # The rank is retired (a new handshake gets a new one): nothing can name it.
-            self.kvfence_table.readmit_rank(rank)
-        logger.warning(
-            "kvfence: fenced remote engine %s (rank %d) after its NIXL agents were removed "
-            "(%s): %d transfer(s) ended, %d room(s) released",
-            engine_id,
-            rank,
-            why,
-            len(ended),
-            released,
-        )
-        self._kvf_event("fence", engine_id, why)
+            if rank is not None:
+                self._kvf_fences.append((engine_id, rank, why))
 
-    def _kvf_release_failed_handles(self, engine: str) -> bool:
-        """Releases the NIXL handle objects of the engine's failed transfers before its
-        teardown (vLLM never releases descriptors under a handle still in use); False if
-        one cannot be released yet (vLLM's ``_try_release_xfer_handle`` logs it)."""
+    def _kvf_run_fences(self) -> None:
+        """Step thread: fences every rank retired by a teardown. Every transfer to it ends,
+        its rooms are released; its NIXL handles leave vLLM's maps and its requests are
+        marked failed, so that vLLM reports them once their rooms are released."""
+        done: List[Tuple[str, int, str, List[Tuple[Any, _Xfer]], int]] = []
         with self._kvf_lock:
+            fences, self._kvf_fences = self._kvf_fences, []
+            for engine_id, rank, why in fences:
+                released = self.kvfence_table.fence_rank(rank)
+                ended = [(k, xf) for k, xf in self._kvf_xfers.items() if xf.rank == rank]
+                for key, xf in ended:
+                    del self._kvf_xfers[key]
+                    if not xf.x.ended:
+                        xf.x.fail()  # its peer is fenced: ends at once
+                # Retired (a new handshake got or gets a new rank): nothing can name it.
+                self.kvfence_table.readmit_rank(rank)
+                done.append((engine_id, rank, why, ended, released))
+        # vLLM's maps, outside kvfence's lock (push takes vLLM's _sending_transfers_lock:
+        # the lock order is vLLM's locks first, kvfence's last).
+        for engine_id, rank, why, ended, released in done:
+            for key, xf in ended:
+                self._kvf_forget_handle(key, xf)
+            logger.warning(
+                "kvfence: fenced remote engine %s (rank %d) after its NIXL agents were "
+                "removed (%s): %d transfer(s) ended, %d room(s) released",
+                engine_id,
+                rank,
+                why,
+                len(ended),
+                released,
+            )
+            self._kvf_event("fence", engine_id, why)
+
+    def _kvf_release_live_handles(self, engine: str) -> bool:
+        """Releases the NIXL handle objects of every transfer to the engine before its
+        teardown releases the descriptor lists they use (vLLM: "must retain descriptors
+        until outstanding handles end"); False if one cannot be released yet (vLLM's
+        ``_try_release_xfer_handle`` logs it; the teardown is retried next step)."""
+        with self._kvf_lock:
+            rank = self._kvf_rank.get(engine)
             pending = [
                 (k, xf)
                 for k, xf in self._kvf_xfers.items()
-                if xf.engine == engine and xf.failed and not xf.released and isinstance(k, int)
+                if xf.rank == rank and not xf.released and isinstance(k, int)
             ]
         ok = True
         for key, xf in pending:
@@ -499,6 +586,22 @@ class _KvfenceWorkerMixin:
             else:
                 ok = False
         return ok
+
+    def _kvf_spares(self, engine: str, now: float) -> bool:
+        """Whether a failure's teardown waits for the engine's healthy transfers: for up to
+        ``kvfence_failure_grace_s`` after the failure, the transfers begun before it may
+        still complete on their own, and a teardown now would fail them too (the blast
+        radius of a failed handle). Under ``_kvf_lock``."""
+        since = self._kvf_fence_since.get(engine)
+        if since is None or now - since >= self._kvf_grace_s:
+            return False
+        if self._kvf_to_fence.get(engine) != "handle error":
+            return False
+        rank = self._kvf_rank.get(engine)
+        return any(
+            xf.rank == rank and not xf.failed and xf.t0 <= since
+            for xf in self._kvf_xfers.values()
+        )
 
     def _kvf_forget_handle(self, key: Any, xf: _Xfer) -> None:
         """After a fence: drop a NIXL handle of the fenced peer from vLLM's tables and
@@ -539,17 +642,13 @@ class _KvfenceWorkerMixin:
         res: Tuple[Set[str], Set[str]] = NixlBaseConnectorWorker._pop_done_transfers(
             self, transfers  # type: ignore[arg-type]
         )
-        if res[0] or (self._kvf_ready and self._kvf_to_fence):  # (vLLM's tuple, as is)
+        if res[0]:  # (vLLM's tuple, as is)
             self._kvf_after_poll(transfers, res[0])
         return res
 
     def _kvf_after_poll(self, transfers: Dict[str, List[int]], done: Set[str]) -> None:
         if not self._kvf_ready:
             self._kvf_ensure()
-        if self._kvf_to_fence and transfers is self._recving_transfers:
-            # A handle failed in this poll: tear its peer down and fence it now, so that
-            # vLLM's failure report (which follows this poll) goes out in the same step.
-            self._kvf_teardowns()
         if done:
             side = _RECV if transfers is self._recving_transfers else _SEND
             with self._kvf_lock:
@@ -562,6 +661,9 @@ class _KvfenceWorkerMixin:
                             del self._kvf_xfers[handle]
                         else:
                             self._kvf_complete(handle)
+        # A peer queued for teardown is torn down at the start of the next step
+        # (get_transfer_results), not here: vLLM goes on to process this poll's done
+        # requests, which may read the engine's state a teardown would drop.
 
     def _handle_failed_transfer(
         self,
@@ -595,9 +697,10 @@ class _KvfenceWorkerMixin:
         """vLLM's failure log, once per retained failed handle (not once per poll)."""
         self._kvf_ensure()
         if failure_type in ("transfer_failed", "transfer_exception") and req_id is not None:
-            for xf in self._kvf_xfers.values():
-                if xf.req_id == req_id and xf.failed:
-                    return
+            with self._kvf_lock:  # the push writer thread inserts into _kvf_xfers
+                retained = any(xf.req_id == req_id and xf.failed for xf in self._kvf_xfers.values())
+            if retained:
+                return
         super()._log_failure(failure_type, req_id, *args, **kw)  # type: ignore[misc]
 
     def _reap_expired_send_leases(self, done_sending: Set[str]) -> None:
@@ -660,7 +763,7 @@ class _KvfenceWorkerMixin:
             self._kvf_ensure()
         if not self._kvf_scan_at <= now < self._kvf_scan_due:
             self._kvf_scan(now)
-        if self._kvf_to_fence:
+        if self._kvf_to_fence or self._kvf_fences:
             self._kvf_teardowns()
 
     def _kvf_scan(self, now: float) -> None:
@@ -690,7 +793,7 @@ class _KvfenceWorkerMixin:
                     now - xf.t0,
                 )
                 self._kvf_event("handle_stuck", xf.req_id, xf.engine)
-                self._kvf_to_fence[xf.engine] = "stuck handle"
+                self._kvf_queue_fence(xf.engine, "stuck handle")
             q_s = self._kvf_quarantine_s
             if q_s > 0:
                 due = min(due, now + q_s)
@@ -704,22 +807,42 @@ class _KvfenceWorkerMixin:
             self._kvf_scan_due = due
 
     def _kvf_teardowns(self) -> None:
-        """Tears down (vLLM's ``_cleanup_remote_engine``) and fences each queued peer."""
+        """Step thread: tears down (vLLM's ``_cleanup_remote_engine``) each queued peer,
+        then runs the fences. A peer is skipped this step (retried the next) while a
+        handshake loads NIXL metadata (as vLLM), while vLLM's writer thread is submitting
+        a WRITE to it (its descriptors are in use), while one of its handles cannot be
+        released, or while healthy transfers begun before its failure may still complete
+        (:meth:`_kvf_spares`)."""
         hs_lock = getattr(self, "_handshake_lock", None)
         if hs_lock is not None:
             with hs_lock:
                 if getattr(self, "_handshake_futures", None):
                     return  # as vLLM: no teardown while a handshake loads NIXL metadata
+        now = time.perf_counter()
         with self._kvf_lock:
             todo = list(self._kvf_to_fence.items())
         for engine, why in todo:
-            if not self._kvf_release_failed_handles(engine):
-                continue  # a failed handle is still in use: vLLM keeps descriptors; retry
-            if engine in self._remote_agents:
-                self._cleanup_remote_engine(engine, log_eviction=False)
-            else:  # no NIXL state left for it: already torn down
-                self._kvf_to_fence.pop(engine, None)
-                self._kvf_fence_engine(engine, why)
+            with self._kvf_lock:
+                if self._kvf_posting.get(engine) or self._kvf_spares(engine, now):
+                    continue
+                self._kvf_tearing.add(engine)  # the writer waits: no new submission
+            try:
+                if not self._kvf_release_live_handles(engine):
+                    continue  # a handle is still in use: vLLM keeps descriptors; retry
+                if engine in self._remote_agents:
+                    self._cleanup_remote_engine(engine, log_eviction=False)
+                else:  # no NIXL state left for it: already torn down
+                    with self._kvf_lock:
+                        self._kvf_to_fence.pop(engine, None)
+                        self._kvf_fence_since.pop(engine, None)
+                        rank = self._kvf_rank.pop(engine, None)
+                        if rank is not None:
+                            self._kvf_fences.append((engine, rank, why))
+            finally:
+                with self._kvf_cond:
+                    self._kvf_tearing.discard(engine)
+                    self._kvf_cond.notify_all()
+        self._kvf_run_fences()
 
     def _kvf_gate(self, results: KVConnectorTransferResults) -> KVConnectorTransferResults:
         """The release gate: vLLM's report, with each request that has a room held back
@@ -741,6 +864,13 @@ class _KvfenceWorkerMixin:
         with self._kvf_lock:
             for req_id in list(results.finished_sending):
                 key = (_SEND, req_id)
+                if req_id in self._kvf_quarantined_sends:
+                    # The late proof of a quarantined room: the READ (or WRITE) has
+                    # ended, so vLLM's answer stands and the blocks go back.
+                    del self._kvf_quarantined_sends[req_id]
+                    self._kvf_complete(key)
+                    self._kvf_event("released_after_quarantine", req_id, "")
+                    continue
                 if key not in self._kvf_room:
                     continue  # never tracked (e.g. no blocks): vLLM's answer stands
                 results.finished_sending.discard(req_id)
@@ -853,7 +983,11 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
         """Policies (teardown, quarantine) when due, vLLM's poll, then kvfence's
         release gate."""
         now = time.perf_counter()
-        if not self._kvf_scan_at <= now < self._kvf_scan_due or self._kvf_to_fence:
+        if (
+            not self._kvf_scan_at <= now < self._kvf_scan_due
+            or self._kvf_to_fence
+            or self._kvf_fences
+        ):
             self._kvf_policies(now)
         results = NixlPullConnectorWorker.get_transfer_results(self)
         if results.finished_sending or results.finished_recving:
@@ -892,6 +1026,27 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
             key = (_RECV, req_id)
             if key not in self._kvf_xfers and key not in self._kvf_room:
                 self._kvf_begin(key, _RECV, req_id, _engine_of(self._recving_metadata.get(req_id)))
+
+    def _do_start_push_kv(self, request_id: str, local_block_ids: Any, registration_data: Any) -> Any:
+        """Writer thread: vLLM's WRITE submission for one request, counted per decode
+        engine, so that the step thread never tears that engine down (releasing the
+        descriptor lists the submission reads) in the middle of it; waits while the step
+        thread is tearing it down (vLLM's handshake then runs again)."""
+        self._kvf_ensure()
+        engine = registration_data["decode_engine_id"]
+        with self._kvf_cond:
+            while engine in self._kvf_tearing:
+                self._kvf_cond.wait()
+            self._kvf_posting[engine] = self._kvf_posting.get(engine, 0) + 1
+        try:
+            return super()._do_start_push_kv(  # type: ignore[misc]
+                request_id, local_block_ids, registration_data
+            )
+        finally:
+            with self._kvf_lock:
+                n = self._kvf_posting.pop(engine) - 1
+                if n:
+                    self._kvf_posting[engine] = n
 
     def _xfer_blocks(self, *args: Any, **kwargs: Any) -> Optional[int]:
         """Writer thread: a transfer (peer = the decode engine) begins *before* vLLM
@@ -932,8 +1087,8 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
         return handle
 
     def _kvf_forget_send_handle(self, key: Any, xf: _Xfer) -> None:
-        # _sending_transfers is shared with the writer thread (vLLM's lock; never taken
-        # while the writer waits for kvfence's lock, so the order cannot deadlock).
+        # _sending_transfers is shared with the writer thread: vLLM's lock, taken here on
+        # the step thread holding no kvfence lock (the order: vLLM's locks, then kvfence's).
         with self._sending_transfers_lock:
             if isinstance(key, int):
                 handles = self._sending_transfers.get(xf.req_id)
@@ -949,7 +1104,11 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
         """Policies when due, vLLM's poll (its expired-lease reports never happen here),
         then kvfence's release gate."""
         now = time.perf_counter()
-        if not self._kvf_scan_at <= now < self._kvf_scan_due or self._kvf_to_fence:
+        if (
+            not self._kvf_scan_at <= now < self._kvf_scan_due
+            or self._kvf_to_fence
+            or self._kvf_fences
+        ):
             self._kvf_policies(now)
         raw = NixlPushConnectorWorker.get_transfer_results(self)
         evicted = set(raw.finished_sending)  # vLLM evicted the writer's state of these

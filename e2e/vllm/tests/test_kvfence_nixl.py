@@ -17,6 +17,7 @@ every one of them must then fail (``ci.sh`` checks that too).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from unittest.mock import MagicMock, patch
@@ -60,7 +61,8 @@ class PD:
     """One engine side: a real Scheduler plus one worker connector, stepped together."""
 
     def __init__(self, role: str, extra: Optional[Dict[str, Any]] = None, push: bool = False) -> None:
-        self.log: List[Tuple[str, str]] = []
+        self.log: List[Tuple[str, Any]] = []
+        self.failed: List[str] = []  # every request reported in failed_recving, in order
         cfg = create_vllm_config(
             block_size=BLOCK,
             kv_role=role,
@@ -94,6 +96,13 @@ class PD:
             real_remove(agent)
 
         wrapper.remove_remote_agent = spy_remove
+        real_release = wrapper.release_xfer_handle
+
+        def spy_release(handle: int) -> None:
+            self.log.append(("release", handle))
+            real_release(handle)
+
+        wrapper.release_xfer_handle = spy_release
         self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
 
     def frees(self, req_id: str) -> int:
@@ -104,6 +113,7 @@ class PD:
         self.conn.bind_connector_metadata(out.kv_connector_metadata)
         self.conn.start_load_kv(self.ctx)
         res = self.conn.get_transfer_results(set())
+        self.failed.extend(sorted(res.failed_recving))
         self.conn.clear_connector_metadata()
         running = [self.sched.requests[r] for r in out.num_scheduled_tokens]
         mro = create_model_runner_output(
@@ -203,11 +213,11 @@ def test_peer_disappears_nothing_leaks(default_vllm_config: Any, dist_init: Any)
     """The prefill peer goes away: one READ errors, the other stays posted for ever. vLLM
     frees the first at once and leaks the second. kvfence tears the peer down on the
     error, fences it, and both requests' blocks go back exactly once."""
-    pd = PD("kv_consumer")
+    pd = PD("kv_consumer", {"kvfence_failure_grace_s": 0.2})
     a, b = _decode_with_read(pd, n=2)
     ha = set(pd.worker._recving_transfers[a])
     pd.worker.nixl_wrapper.check_xfer_state = lambda h: "ERR" if h in ha else "PROC"
-    pd.steps(10, until=lambda: pd.frees(a) and pd.frees(b), sleep=0.01)
+    pd.steps(100, until=lambda: pd.frees(a) and pd.frees(b), sleep=0.01)
     _assert_freed_once_after_teardown(pd, a)
     _assert_freed_once_after_teardown(pd, b)
     pd.steps(3)
@@ -408,3 +418,262 @@ def test_lease_bound_sees_every_deadline(default_vllm_config: Any, dist_init: An
     assert type(pd.worker._reqs_to_send) is kv._Leases
     assert _lease_scenario(pd.worker, kv._Leases) == []
     assert "c" in _lease_scenario(PD("kv_producer").worker, NotLowered), "mutant not caught"
+
+
+# ------------------------------------------------ threads: vLLM's writer beside the step
+
+
+def _event_count(event: str) -> float:
+    """kvfence's scheduler-side counter of ``event`` (0 under stock)."""
+    if not KVFENCE:
+        return 0.0
+    import kvfence.vllm as kv
+
+    return float(kv.EVENTS.labels(event=event)._value.get())
+
+
+def _push_prefill_with_write(extra: Optional[Dict[str, Any]] = None) -> Tuple[PD, str, int]:
+    """A push prefill whose finished request has one WRITE in progress to the decode
+    engine ``decode-engine`` (handshaken: it has a NIXL agent), posted by vLLM's own
+    ``_xfer_blocks`` with the descriptor plumbing stubbed as in vLLM's push tests."""
+    pd = PD("kv_producer", extra, push=True)
+    rid = _finished_prefill(pd)
+    w = pd.worker
+    w.transfer_topo.block_size_ratio.return_value = 1
+    w._apply_prefix_caching = MagicMock(return_value=([[1]], [[1]]))
+    w._compute_desc_ids = MagicMock(return_value=[0])
+    w.dst_num_blocks = {"decode-engine": 8, w.engine_id: 8}
+    for eid in ("decode-engine", w.engine_id):
+        w.dst_region_num_blocks[eid] = [8]
+        w.dst_region_group_ids[eid] = [0]
+        w.dst_uses_region_group_mapping[eid] = False
+    w._remote_agents["decode-engine"] = {0: "decode-agent"}
+    w.nixl_wrapper._cycles_before_xfer_done = 10**9  # in progress
+    handle = _post_write(w, rid)
+    assert handle is not None
+    with w._sending_transfers_lock:
+        w._sending_transfers[rid].append(handle)
+    return pd, rid, handle
+
+
+def _post_write(w: Any, rid: str) -> Optional[int]:
+    return w._xfer_blocks(  # type: ignore[no-any-return]
+        read_spec=ReadSpec(0, [[1]], [[1]]),
+        dst_engine_id="decode-engine",
+        request_id=rid,
+        remote_request_id="decode-req",
+        local_xfer_side_handle=1,
+        remote_xfer_side_handle=2,
+    )
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: the order of its lock and vLLM's")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_writer_thread_teardown_does_not_deadlock_the_step(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """Push prefill, forced interleaving: the step thread holds vLLM's
+    ``_sending_transfers_lock`` (its push poll) when vLLM's writer thread evicts the decode
+    engine (``_ensure_handshake`` -> ``_evict_stale_engines`` -> ``_cleanup_remote_engine``)
+    while a WRITE to it is a live transfer. Before the fix the writer fenced under
+    kvfence's lock and then waited for vLLM's lock, and the step, waiting for kvfence's
+    lock, never ran again. Now the writer retires the rank and returns; the fence runs on
+    the step thread; the blocks go back once, after the teardown."""
+    pd, rid, _ = _push_prefill_with_write({"kv_lease_duration": 1})
+    w = pd.worker
+    writer = threading.Thread(target=w._cleanup_remote_engine, args=("decode-engine",))
+    with w._sending_transfers_lock:  # the step thread, inside vLLM's push poll
+        writer.start()
+        writer.join(5)
+        writer_blocked = writer.is_alive()
+        step_got_kvfence_lock = w._kvf_lock.acquire(timeout=5)
+        if step_got_kvfence_lock:
+            w._kvf_lock.release()
+    writer.join(5)
+    assert not writer_blocked and step_got_kvfence_lock, (
+        "deadlock: the writer thread's teardown waits for vLLM's _sending_transfers_lock "
+        "while the step thread waits for kvfence's lock"
+    )
+    # The WRITE is fenced; like a failed push (vLLM's own rule), the request's blocks go
+    # back when its lease lapses.
+    time.sleep(1.1)
+    pd.steps(20, until=lambda: pd.frees(rid) > 0, sleep=0.01)
+    _assert_freed_once_after_teardown(pd, rid)
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its transfer map under its lock")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_failure_log_while_the_writer_posts(default_vllm_config: Any, dist_init: Any) -> None:
+    """Push prefill, forced interleaving: vLLM's ``_log_failure`` (the step thread, a
+    failed poll) walks kvfence's transfers while vLLM's writer thread posts a WRITE, which
+    inserts one. Before the fix the walk was unlocked: ``RuntimeError: dictionary changed
+    size during iteration`` out of the engine step. Now the writer waits for the walk."""
+    pd, rid, _ = _push_prefill_with_write()
+    w = pd.worker
+    _post_write(w, rid)  # a second live transfer: the walk has more than one to visit
+    go, inserted = threading.Event(), threading.Event()
+
+    class Racy(dict):  # type: ignore[type-arg]
+        """kvfence's transfer map, pausing a walk after its first item for the writer."""
+
+        def values(self) -> Any:  # type: ignore[override]
+            for i, v in enumerate(dict.values(self)):
+                if i == 0:
+                    go.set()
+                    inserted.wait(1.0)
+                yield v
+
+    w._kvf_xfers = Racy(w._kvf_xfers)
+    errors: List[BaseException] = []
+
+    def writer() -> None:
+        go.wait(5)
+        try:
+            _post_write(w, rid)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+        inserted.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        w._log_failure(failure_type="transfer_failed", req_id="another-request", msg="x")
+    except RuntimeError as e:
+        errors.append(e)
+    finally:
+        go.set()
+        t.join(5)
+    assert not errors, f"the step's failure log raced the writer: {errors!r}"
+    assert go.is_set() and len(w._kvf_xfers) == 3, "the walk or the writer did not run"
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_no_teardown_while_the_writer_submits(default_vllm_config: Any, dist_init: Any) -> None:
+    """Push prefill, forced interleaving: the step thread decides to tear the decode
+    engine down (a WRITE stuck past ``kvfence_stuck_handle_s``) while vLLM's writer thread
+    is inside ``_do_start_push_kv`` submitting another WRITE to it, between reading the
+    engine's descriptor handles and posting. Before the fix the teardown released those
+    descriptors under the submission. Now it waits for the submission to end."""
+    pd, rid, _ = _push_prefill_with_write({"kvfence_stuck_handle_s": 0.2})
+    w = pd.worker
+    inside, leave = threading.Event(), threading.Event()
+    torn_while_inside: List[bool] = []
+
+    def paused_submission(req_id: str, meta: Any) -> None:
+        inside.set()
+        leave.wait(10)
+        torn_while_inside.append(any(e[0] == "teardown" for e in pd.log))
+
+    w._ensure_handshake = MagicMock(return_value=None)  # the handshake is done
+    w._xfer_blocks_for_req = paused_submission
+    reg = {
+        "decode_engine_id": "decode-engine",
+        "local_block_ids": [1],
+        "request_id": "decode-req-2",
+        "decode_host": "127.0.0.1",
+        "decode_port": 1,
+        "decode_tp_size": 1,
+    }
+    t = threading.Thread(target=w._do_start_push_kv, args=(rid, [1], reg))
+    t.start()
+    assert inside.wait(10)
+    time.sleep(0.3)  # the live WRITE is now stuck
+    pd.steps(5, sleep=0.02)
+    leave.set()
+    t.join(10)
+    assert torn_while_inside == [False], (
+        "the decode engine was torn down (its descriptors released) while vLLM's writer "
+        "was submitting a WRITE to it"
+    )
+    pd.steps(20, until=lambda: any(e[0] == "teardown" for e in pd.log), sleep=0.02)
+    assert any(e[0] == "teardown" for e in pd.log), "the stuck WRITE's peer was never torn down"
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_live_handles_released_before_their_descriptors(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """A READ stuck in PROC: the teardown of its prefill releases the engine's descriptor
+    lists and agents. vLLM never releases descriptors under an outstanding handle; before
+    the fix kvfence released the PROC handle only after the teardown. Now every handle to
+    the engine is released first."""
+    pd = PD("kv_consumer", {"kvfence_stuck_handle_s": 0.3})
+    (rid,) = _decode_with_read(pd)
+    handles = list(pd.worker._recving_transfers[rid])
+    pd.steps(60, until=lambda: pd.frees(rid) > 0, sleep=0.02)
+    _assert_freed_once_after_teardown(pd, rid)
+    teardown = next(i for i, e in enumerate(pd.log) if e[0] == "teardown")
+    for h in handles:
+        assert ("release", h) in pd.log[:teardown], (
+            f"handle {h} released after its engine's teardown (or never): {pd.log}"
+        )
+
+
+# -------------------------------------------------- quarantine, then a late proof of drain
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_late_notification_frees_a_quarantined_room(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """Pull prefill: the lease lapses and no decode reports for
+    ``kvfence_quarantine_after_s``: the blocks are quarantined. Then the decode's
+    completion notification arrives: the READ has ended, which is the proof the
+    quarantine waited for. Before the fix the notification was dropped ("unrecognized")
+    and the blocks were lost for good; stock frees them at the lapse."""
+    pd = PD("kv_producer", {"kv_lease_duration": 1, "kvfence_quarantine_after_s": 0.3})
+    quarantines = _event_count("quarantine")
+    rid = _finished_prefill(pd)
+    time.sleep(1.1)
+    pd.steps(3)
+    time.sleep(0.4)
+    pd.steps(3)
+    assert pd.frees(rid) == 0, "blocks freed without any proof that the READ ended"
+    if KVFENCE:  # counted in the scheduler, from the worker's connector metadata
+        assert _event_count("quarantine") == quarantines + 1, "nothing was quarantined"
+    notifs = [{"decode-agent": [f"{rid}:1".encode()]}]
+    pd.worker.nixl_wrapper.get_new_notifs = lambda: notifs.pop() if notifs else {}
+    pd.steps(3)
+    assert pd.frees(rid) == 1, "the late completion did not free the quarantined blocks"
+
+
+# ------------------------------------------------------------- the blast radius of a -1
+
+
+def _blast(pd: PD, n: int) -> Tuple[List[str], str]:
+    ids = _decode_with_read(pd, n=n)
+    bad = set(pd.worker._recving_transfers[ids[0]])
+    finish = {"done": False}
+    pd.worker.nixl_wrapper.check_xfer_state = lambda h: (
+        "ERR" if h in bad else ("DONE" if finish["done"] else "PROC")
+    )
+    pd.steps(2, sleep=0.01)  # the failure is seen; the healthy READs still in progress
+    finish["done"] = True
+    pd.steps(300, until=lambda: all(pd.frees(r) for r in ids), sleep=0.01)
+    for r in ids:
+        assert pd.frees(r) == 1, f"{r} freed {pd.frees(r)} times: {pd.log}"
+    return ids, ids[0]
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_one_failed_read_fails_only_its_request(default_vllm_config: Any, dist_init: Any) -> None:
+    """Four READs from one prefill; one handle fails, the other three complete a step
+    later. Before the fix the failure tore the prefill down at once and all four were
+    reported failed (blast radius 4 per -1). Now the teardown waits up to
+    ``kvfence_failure_grace_s`` for the READs begun before the failure: one request fails,
+    its blocks freed once after the teardown; three succeed. (``_grace_zero`` below shows
+    the old radius.)"""
+    pd = PD("kv_consumer", {"kvfence_failure_grace_s": 5})
+    ids, bad = _blast(pd, 4)
+    assert pd.failed == [bad], f"failed_recving {pd.failed}, expected only {bad}"
+    _assert_freed_once_after_teardown(pd, bad)
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its failure grace setting")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_blast_radius_grace_zero(default_vllm_config: Any, dist_init: Any) -> None:
+    """With ``kvfence_failure_grace_s = 0`` (the behaviour before the grace) a failed handle
+    fails every READ in progress from its prefill: the radius is the READs in flight."""
+    pd = PD("kv_consumer", {"kvfence_failure_grace_s": 0})
+    ids, bad = _blast(pd, 4)
+    assert sorted(pd.failed) == sorted(ids)
