@@ -122,6 +122,10 @@ class Decode:
         mgr.prefill_info_table = {}
         mgr.heartbeat_failures = {}
         self.mgr = mgr
+        if not gate:
+            # A manager kvfence does not gate (as one SGLang's __init__ built before
+            # install(), or another backend's): what kvfence's lazy attachment gives it.
+            mgr._kvfence_gate = None
         self.gate: Optional[kdec.DecodeGate] = kdec.attach(mgr) if gate else None
         q = dec.DecodeTransferQueue.__new__(dec.DecodeTransferQueue)
         q._deferred_releases = []
@@ -238,11 +242,18 @@ def test_two_held_requests_of_one_room_are_released_each_on_its_own_acks(
 
 def test_stock_sglang_frees_a_request_on_the_acks_of_another_of_its_room(
         monkeypatch: pytest.MonkeyPatch, _freed: List[str]) -> None:
-    """What SGLang 0.5.23 does itself (a manager kvfence does not gate, which is left
-    exactly as stock): its ACK tracker is keyed by bootstrap_room, so B's ABORT re-arms
+    """What SGLang 0.5.23 does itself (kvfence uninstalled): its ACK tracker is keyed by bootstrap_room, so B's ABORT re-arms
     R with B's generation and A's entry is answered with B's ACKs: A is freed while A's
     writer never ACKed, at attention TP 2 (MIN reduction) as at TP 1. Recorded in
     docs/sglang-upstream.md."""
+    ks.uninstall()  # SGLang as shipped (nothing of kvfence held here)
+    try:
+        _stock_frees_early(monkeypatch, _freed)
+    finally:
+        ks.install()
+
+
+def _stock_frees_early(monkeypatch: pytest.MonkeyPatch, _freed: List[str]) -> None:
     for tp2 in (False, True):
         _freed.clear()
         d = Decode(gate=False)
@@ -602,3 +613,141 @@ def test_a_subclass_of_the_mooncake_manager_stays_stock() -> None:
         m.enable_deferred_decode_kv_release = False
         init(m)
         assert (getattr(m, "_kvfence_gate", None) is not None) == gated, cls
+
+
+# -- the gate attaches where a manager is first used (SGLang's unit tests) -------------------
+
+
+def test_a_manager_built_with_new_gets_its_gate_at_first_use() -> None:
+    """SGLang's unit tests build managers with ``__new__`` (no ``__init__``, which is where
+    the gate used to attach): the gate attaches at the manager's first use by a kvfence
+    wrapper, on the side its fields show, and is counted. A manager SGLang's __init__
+    built before install() (it has a mode) stays stock."""
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    before = dict(getattr(_state, "gates_attached", {}))
+    dm = CommonKVManager.__new__(CommonKVManager)  # SGLang's tests' _make_manager()
+    dm._deferred_abort_ack_tracker = {}
+    dm._deferred_abort_generation = 0
+    dm.enable_deferred_decode_kv_release = True
+    assert dm.register_deferred_abort_room(103) == 1  # SGLang's own (no kvfence room)
+    assert isinstance(getattr(dm, "_kvfence_gate", None), kdec.DecodeGate)
+    pm = MooncakeKVManager.__new__(MooncakeKVManager)  # its prefill-side _manager()
+    pm.request_status, pm._deferred_ack_targets, pm._staging_outstanding = {}, {}, {}
+    pm._deferred_ack_poisoned_rooms = set()
+    pm._maybe_ack_drained_abort(106)
+    assert isinstance(getattr(pm, "_kvfence_gate", None), kpre.PrefillGate)
+    after = _state.gates_attached
+    assert after["decode"] == before["decode"] + 1
+    assert after["prefill"] == before["prefill"] + 1
+    assert after["at_first_use"] == before["at_first_use"] + 2
+    early = MooncakeKVManager.__new__(MooncakeKVManager)
+    early.disaggregation_mode = DisaggregationMode.DECODE
+    early._deferred_abort_ack_tracker = {}
+    assert getattr(early, "_kvfence_gate", None) is None
+    assert _state.gates_attached["at_first_use"] == before["at_first_use"] + 2
+
+
+# -- SGLang's tracker behaviours, with a gate attached ------------------------------------
+
+
+def _request2(d: Decode, room: int, rid: str) -> Any:
+    """A request to prefill ranks 0 and 1 of ``d.prefill`` (two writers)."""
+    r = MooncakeKVReceiver.__new__(MooncakeKVReceiver)
+    r.kv_mgr, r.bootstrap_room, r.bootstrap_addr = d.mgr, room, d.prefill
+    r.prefill_info = d.info
+    r.target_tp_ranks, r.target_cp_ranks, r.target_pp_ranks = [0, 1], [0], [0]
+    r.bootstrap_infos = [{"rank_ip": "127.0.0.1", "rank_port": 7000 + i, "is_dummy": False}
+                         for i in range(2)]
+    r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
+    r._abort_generation, r._owns_bootstrap_room = None, True
+    r.required_dst_info_num = 1
+    lock = threading.Lock()
+    r._connect_to_bootstrap_server = lambda bi: (d.sock, lock)
+    d.mgr.request_status[room] = KVPoll.WaitingForInput
+    r.send_metadata(np.arange(8, dtype=np.int32), 0, None)
+    return dec.DecodeRequest(
+        req=SimpleNamespace(rid=rid, bootstrap_room=room, return_logprob=False,
+                            finished_reason=None),
+        kv_receiver=r, metadata_buffer_index=3)
+
+
+def test_tracker_aggregation_duplicates_and_arming_with_a_gate(_freed: List[str]) -> None:
+    """As SGLang's TestAbortAckAggregation / TestAbortArmsTrackerBeforeSend, on a gated
+    manager: the ABORT carries the room's kvfence handle (armed before it is sent), an
+    ACK before the ABORT is dropped, release only after *every* writer ACKed, a
+    duplicate ACK counts once, a non-writer's ACK counts for nothing."""
+    d = Decode()
+    a = _request2(d, 70, "A")
+    d.mgr.handle_abort_ack_message(AbortAck(70, 0, 1).to_zmq())  # before any ABORT
+    d.abort_and_hold([a])
+    assert d.gate is not None
+    h = a.kv_receiver._kvfence
+    assert type(h) is int and h in d.gate.records  # kvfence's room
+    assert [n.generation for n in d.sock.sent] == [h, h]  # one ABORT per writer
+    d.q.resolve_deferred_releases()
+    assert d.held() == ["A"]
+    d.ack(a, 0)
+    d.ack(a, 0)  # duplicate
+    d.ack(a, 5)  # not a writer
+    d.q.resolve_deferred_releases()
+    assert d.held() == ["A"] and _freed == []
+    d.ack(a, 1)
+    d.q.resolve_deferred_releases()
+    assert _freed == ["A"] and not d.held() and not d.gate.records
+
+
+def test_stale_and_late_acks_never_touch_a_reused_room(_freed: List[str]) -> None:
+    """As SGLang's test_late_ack_after_release_does_not_pollute_reused_room and the
+    stale-generation test, on a gated manager: request A on room R is released; a late
+    ACK of A arrives after request B reused R; B is released only on B's own ACKs."""
+    d = Decode()
+    a = d.request(71, "A")
+    d.abort_and_hold([a])
+    gen_a = a.kv_receiver._abort_generation
+    d.ack(a)
+    d.q.resolve_deferred_releases()
+    assert _freed == ["A"]
+    b = d.request(71, "B")
+    d.abort_and_hold([b])
+    assert d.gate is not None and b.kv_receiver._kvfence in d.gate.records
+    d.mgr.handle_abort_ack_message(AbortAck(71, 0, gen_a).to_zmq())  # A's, late
+    d.q.resolve_deferred_releases()
+    assert d.held() == ["B"] and _freed == ["A"]
+    d.ack(b)
+    d.q.resolve_deferred_releases()
+    assert _freed == ["A", "B"]
+
+
+@pytest.mark.parametrize("path", ["abort", "prefill_failure", "legacy_flag"])
+def test_every_failure_path_is_held_until_drained(_freed: List[str], path: str) -> None:
+    """As SGLang's deferred-release tests, on a gated manager: a failed transfer is held
+    and released once, with its metadata index freed, only after its writer ACKed,
+    whichever way it failed: the decode aborted it; the prefill failed it (no decode
+    abort: pop_transferred arms it with force_arm); or the queue's deferral flag was off
+    (legacy mode, which frees at once on stock)."""
+    d = Decode()
+    freed_idx: List[int] = []
+    d.q.req_to_metadata_buffer_idx_allocator = SimpleNamespace(free=freed_idx.append)
+    a = d.request(72, "A")
+    if path == "legacy_flag":
+        d.q.enable_deferred_kv_release = False
+    if path == "prefill_failure":
+        d.mgr.record_failure(72, "prefill said so")
+        d.mgr.update_status(72, KVPoll.Failed)
+        d.q.queue = [a]
+        d.q._poll_with_metadata_gate = lambda: [KVPoll.Failed]
+        d.q.pop_transferred()
+    else:
+        d.abort_and_hold([a])
+    assert d.gate is not None and len(d.gate.records) == 1
+    assert d.held() == ["A"] and _freed == []
+    for _ in range(3):
+        d.q.resolve_deferred_releases()
+    assert d.held() == ["A"]
+    d.ack(a)
+    d.q.resolve_deferred_releases()
+    assert _freed == ["A"] and freed_idx == [a.metadata_buffer_index]
+    d.q.resolve_deferred_releases()
+    assert _freed == ["A"]  # once

@@ -94,3 +94,18 @@ def _report_rule():
     want = os.environ.get("KVFENCE_SGLANG") == "1"
     assert ks.installed() == want, "KVFENCE_SGLANG=%s but installed=%s" % (want, ks.installed())
     yield
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """How many kvfence gates SGLang's tests attached (run.py reads this line): their
+    managers are built with ``__new__``, so each gate attached at the manager's first use
+    by a kvfence wrapper."""
+    try:
+        from kvfence.sglang import _state
+    except ImportError:
+        return
+    g = getattr(_state, "gates_attached", None)
+    if g is not None:
+        terminalreporter.write_line(
+            "kvfence gates attached: decode %d, prefill %d (at first use %d)"
+            % (g["decode"], g["prefill"], g["at_first_use"]))

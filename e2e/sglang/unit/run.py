@@ -56,6 +56,9 @@ NEWER_THAN_0_5_23 = {
 }
 
 
+GATES: Dict[str, str] = {}  # rule -> the conftest's "kvfence gates attached" line
+
+
 def run(python: str, rule: str, out: str) -> Dict[str, str]:
     env = dict(os.environ, KVFENCE_SGLANG="1" if rule == "kvfence" else "0")
     xml = os.path.join(out, "%s.xml" % rule)
@@ -63,6 +66,9 @@ def run(python: str, rule: str, out: str) -> Dict[str, str]:
            "-c", os.devnull, "--confcutdir", HERE, "-p", "conftest", "--junitxml", xml, UPSTREAM]
     p = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True)
     sys.stderr.write(p.stdout[-3000:] if p.returncode not in (0, 1) else "")
+    for line in p.stdout.splitlines():
+        if line.startswith("kvfence gates attached:"):
+            GATES[rule] = line
     results: Dict[str, str] = {}
     if not os.path.exists(xml):
         raise RuntimeError("pytest (%s) wrote no report (exit %d):\n%s%s" % (
@@ -124,6 +130,12 @@ def main() -> int:
         sum(v == "passed" for v in stock.values()), sum(v == "passed" for v in kv.values()))
     print("SGLang unit tests: stock %d/%d passed, kvfence %d/%d passed" % (
         summary[0], len(stock), summary[1], len(kv)))
+    gates = GATES.get("kvfence", "kvfence gates attached: not reported")
+    print("under kvfence, %s" % gates)
+    # SGLang's tests build managers with __new__: without the gate's attachment at first
+    # use every kvfence wrapper took its "no gate" branch and the kvfence run said nothing.
+    check("SGLang's tests ran with kvfence gates attached", gates.startswith(
+        "kvfence gates attached:") and "(at first use 0)" not in gates, gates)
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
 

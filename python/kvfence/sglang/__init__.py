@@ -71,28 +71,72 @@ def _sglang_version() -> str:
         ) from None
 
 
-def _attach_for(mgr: Any) -> Optional[str]:
+def _attach_for(mgr: Any, side: Optional[str] = None) -> Optional[str]:
     """Attaches the gate of ``mgr``'s side (``"decode"`` / ``"prefill"``, returned), or
-    none (``None``): only to SGLang's own ``MooncakeKVManager``, not to a subclass (Ascend's
-    ``AscendKVManager`` moves bytes with another engine: the teardown proof and the
-    per-chunk span were shown for Mooncake's TCP transport only), which stays stock."""
+    none (``None``). The side is the manager's ``disaggregation_mode``, or ``side`` when
+    it has none (a manager built with ``__new__``, as SGLang's unit tests build them).
+    Only SGLang's own ``MooncakeKVManager`` is gated (and, without a mode, a bare
+    ``CommonKVManager``: only SGLang's tests make one), not a subclass: Ascend's
+    ``AscendKVManager`` moves bytes with another engine (the teardown proof and the
+    per-chunk span were shown for Mooncake's TCP transport only); it stays stock."""
+    from sglang.srt.disaggregation.common.conn import CommonKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.utils import DisaggregationMode  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     from . import decode, prefill
 
-    if type(mgr) is not MooncakeKVManager:
+    mode = getattr(mgr, "disaggregation_mode", None)
+    if mode is None and side is not None and type(mgr) in (MooncakeKVManager, CommonKVManager):
+        mode = DisaggregationMode.DECODE if side == "decode" else DisaggregationMode.PREFILL
+    elif type(mgr) is not MooncakeKVManager:
         logger.warning("kvfence.sglang: %s is not gated (only SGLang's MooncakeKVManager "
                        "is supported); it runs as stock SGLang", type(mgr).__qualname__)
         return None
-    mode = getattr(mgr, "disaggregation_mode", None)
     if mode == DisaggregationMode.DECODE:
         decode.attach(mgr)
+        _state.count_attached("decode", lazily=side is not None)
         return "decode"
     if mode == DisaggregationMode.PREFILL:
         prefill.attach(mgr)
+        _state.count_attached("prefill", lazily=side is not None)
         return "prefill"
     return None
+
+
+class _LazyGate:
+    """``_kvfence_gate`` as a class attribute of SGLang's ``CommonKVManager`` (installed
+    by :func:`install`): read on a manager that has no gate of its own yet (one built with
+    ``__new__``, as SGLang's unit tests build them, so that its ``__init__``, which
+    attaches the gate, never ran), it attaches the gate of the side the manager's fields
+    show (SGLang's decode ACK tracker, or its prefill ACK targets) and returns it. The
+    gate is then an attribute of the instance, which Python reads before this non-data
+    descriptor: a manager pays for this once. A manager that must stay stock (another
+    backend's, or one SGLang's ``__init__`` built before :func:`install`) gets ``None``
+    as its own attribute."""
+
+    _lock = threading.Lock()
+
+    def __get__(self, mgr: Any, owner: Optional[type] = None) -> Any:
+        if mgr is None:
+            return self
+        with self._lock:
+            d = vars(mgr)  # first use only: the attribute is the instance's afterwards
+            if "_kvfence_gate" in d:
+                return d["_kvfence_gate"]
+            if "disaggregation_mode" in d:
+                # Built by SGLang's __init__ before install(): stays stock (its requests
+                # went out without kvfence, its transfer workers run unwrapped).
+                setattr(mgr, "_kvfence_gate", None)
+                return None
+            if "_deferred_abort_ack_tracker" in d:
+                side = "decode"
+            elif "_deferred_ack_targets" in d or "request_status" in d:
+                side = "prefill"
+            else:
+                return None  # not used as either side yet: decided at a later use
+            if _attach_for(mgr, side) is None:
+                setattr(mgr, "_kvfence_gate", None)
+            return vars(mgr).get("_kvfence_gate")
 
 
 def _manager_init(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,7 +155,9 @@ def install(config: Optional[Config] = None) -> None:
     """Installs kvfence into SGLang (idempotent; a second call changes nothing).
 
     Must run before SGLang builds its ``MooncakeKVManager`` (the start-up hook sees to
-    that); managers built earlier stay stock. ``config`` defaults to
+    that); managers SGLang's ``__init__`` built earlier stay stock (no gate: every wrapper
+    runs SGLang's own code for them). A manager built with ``__new__`` (SGLang's unit
+    tests) gets its gate at its first use (``_LazyGate``). ``config`` defaults to
     :meth:`Config.from_env`.
 
     Raises :class:`UnsupportedSGLangVersion` (naming the version found) on any SGLang but
@@ -141,6 +187,9 @@ def install(config: Optional[Config] = None) -> None:
                                % (found, ", ".join(missing)))
         _state.config = cfg
         ps.apply()
+        from sglang.srt.disaggregation.common.conn import CommonKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        CommonKVManager._kvfence_gate = _LazyGate()
         _patches = ps
         if cfg.metrics:
             metrics.register()
@@ -196,6 +245,10 @@ def uninstall(force: bool = False) -> None:
             logger.error("kvfence.sglang: uninstalled with %d aborted requests held: "
                          "their pages are never freed: %s%s", len(held), what, more)
         _patches.undo()
+        from sglang.srt.disaggregation.common.conn import CommonKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        if isinstance(CommonKVManager.__dict__.get("_kvfence_gate"), _LazyGate):
+            delattr(CommonKVManager, "_kvfence_gate")
         _patches = None
         metrics.unregister()
         logger.info("kvfence.sglang uninstalled")
@@ -224,7 +277,8 @@ def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator") -> i
 
 def snapshot() -> Dict[str, Any]:
     """A JSON-able summary: whether installed, the metrics, the gates' table stats."""
-    out: Dict[str, Any] = {"installed": installed(), "metrics": metrics.values()}
+    out: Dict[str, Any] = {"installed": installed(), "metrics": metrics.values(),
+                           "gates_attached": dict(_state.gates_attached)}
     dec: List[Dict[str, Any]] = []
     for g in list(_state.decode_gates):
         s = g.table.stats()

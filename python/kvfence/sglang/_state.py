@@ -28,6 +28,20 @@ _manager_refs: "Tuple[weakref.ReferenceType[Any], ...]" = ()
 _stale = True
 
 
+# How many gates this process attached, by side, and how many of them at a manager's
+# first use (a manager built with __new__, as SGLang's unit tests build them). Written
+# under _lock.
+gates_attached: Dict[str, int] = {"decode": 0, "prefill": 0, "at_first_use": 0}
+
+
+def count_attached(side: str, lazily: bool) -> None:
+    """Counts a gate attached to a manager of ``side``."""
+    with _lock:
+        gates_attached[side] += 1
+        if lazily:
+            gates_attached["at_first_use"] += 1
+
+
 def _gate_died(_ref: Any) -> None:
     global _stale
     _stale = True
