@@ -1223,7 +1223,11 @@ pub unsafe extern "C" fn kvfence_table_new(
 /// no-op. Not thread-safe with respect to the same table: it must be the table's last use.
 /// A use after it (a C++ `TransferGuard` destroyed after its `Table`, a late ACK thread)
 /// is undefined behaviour that AddressSanitizer does not report (the access is inside this
-/// uninstrumented library): valgrind memcheck does.
+/// uninstrumented library): valgrind memcheck does. Shutdown: abort or finish every room,
+/// `kvfence_wait_idle`, `kvfence_drain_released`, then join (or otherwise wait for the
+/// return of) every thread that calls into the table, and only then free it: a thread
+/// whose call performed the last release (a guard's destructor, an ACK) has queued it
+/// before the wait ends, but may still be returning from that call.
 ///
 /// # Safety
 /// `table` NULL or returned by `kvfence_table_new` and not freed yet.
@@ -2161,8 +2165,10 @@ pub unsafe extern "C" fn kvfence_wait_released(
 
 /// Blocks until no room is owned or closing, every release having been delivered or put in
 /// the release queue (shutdown: abort or finish every room, wait here, then
-/// `kvfence_drain_released`), for at most `timeout_ms` (`KVFENCE_WAIT_FOREVER`: no
-/// deadline). A room whose open is mid-way does not count. Thread-safe.
+/// `kvfence_drain_released`, which finds every queued release), for at most `timeout_ms`
+/// (`KVFENCE_WAIT_FOREVER`: no deadline). A room whose open is mid-way does not count. The
+/// thread whose call released the last room may still be returning from it: join the
+/// threads that use the table before `kvfence_table_free`. Thread-safe.
 ///
 /// Errors: `KVFENCE_TIMED_OUT`, `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`.
 ///
