@@ -454,6 +454,53 @@ class Decode:
                 "r2_reused_r1_pages": overlap, "still_held": held,
                 "in_queue": [q.req.rid for q in self.queue.queue]}
 
+    def abort_shared_room(self, cmd: Dict[str, Any]) -> Dict[str, Any]:
+        """Two requests A and B on one bootstrap_room (a retry of A to another prefill
+        would reuse it): both aborted as Scheduler.abort_request does, A first; then B's
+        writer ACKs B's own ABORT at once (what another prefill, with nothing of B in
+        flight, does: delivered through SGLang's real handle_abort_ack_message, as the
+        decode thread receives it), while A's write is still in flight. The release path
+        loops as process_decode_queue does; from ``r2_by`` on (or once A is released),
+        R2 takes as many pages as A and B hold together and writes its own bytes: do A's
+        bytes land on R2's pages?"""
+        from sglang.srt.disaggregation.common.conn import AbortAck
+
+        a, b = self.reqs.pop(cmd["rid_a"]), self.reqs.pop(cmd["rid_b"])
+        n = len(a.req.kv_pages) + len(b.req.kv_pages)
+        t0 = time.time()
+        a.kv_receiver.abort()
+        b.kv_receiver.abort()
+        rb = b.kv_receiver
+        self.mgr.handle_abort_ack_message(
+            AbortAck(rb.bootstrap_room, 0, rb._abort_generation).to_zmq())
+        budget, r2_by = cmd["budget"], cmd["r2_by"]
+        r2: Optional[List[int]] = None
+        r2_at = None
+        while time.time() - t0 < budget:
+            self.queue.resolve_deferred_releases()
+            self.queue.pop_transferred(rids_to_check=[a.req.rid, b.req.rid])
+            if r2 is None and (a.req.released_at is not None or time.time() - t0 >= r2_by):
+                if len(self.free) >= n:
+                    r2 = [self.free.pop() for _ in range(n)]
+                    fill_pages(self.kv, r2, cmd["r2_pattern"])
+                    r2_at = time.time()
+            time.sleep(0.001)
+        bad = pages_hold(self.kv, r2, cmd["r2_pattern"]) if r2 else 0
+        overlap = len(set(r2 or []) & set(cmd.get("r1_pages", [])))
+        if r2:
+            self.free.extend(r2)
+        held = [e[0].req.rid for e in self.queue._deferred_releases]
+        for d in (a, b):
+            in_queue = any(q is d for q in self.queue.queue)
+            if d.req.released_at is None and not in_queue and d.req.rid not in held \
+                    and d.req.kv_pages:
+                self.quarantined.append(d)
+        return {"ok": True,
+                "released_after": (a.req.released_at - t0) if a.req.released_at else None,
+                "b_released_after": (b.req.released_at - t0) if b.req.released_at else None,
+                "r2_after": (r2_at - t0) if r2_at else None, "r2_bad_pages": bad,
+                "r2_reused_r1_pages": overlap, "still_held": held}
+
     def settle(self, cmd: Dict[str, Any]) -> Dict[str, Any]:
         """Run the release path for a while (what the scheduler loop does when idle)."""
         t0 = time.time()
@@ -482,6 +529,8 @@ class Decode:
             return self.wait_success(cmd)
         if op == "abort_and_reuse":
             return self.abort_and_reuse(cmd)
+        if op == "abort_shared_room":
+            return self.abort_shared_room(cmd)
         if op == "settle":
             return self.settle(cmd)
         if op == "state":

@@ -222,6 +222,25 @@ def s_kill9(pp: Pair, run: int) -> Dict[str, Any]:
     return out
 
 
+def s_shared_room(pp: Pair, run: int) -> Dict[str, Any]:
+    # Requests A and B share a bootstrap_room (issue 38 item 2). A's write is in flight
+    # (1.5 s) when both are aborted and B's writer ACKs B's ABORT at once. SGLang's
+    # room-keyed tracker counts B's ACK for A too and frees A's pages, which R2 reuses
+    # before A's bytes land. kvfence decides per request: A stays held (here the prefill's
+    # one ACK target per decode endpoint is B's by then, so A is never ACKed: quarantined
+    # at 4.5 s, counted, not lost).
+    pp.knobs(30.0)
+    room = pp.next_room()
+    a = pp.d.call(op="open", addr=pp.addr, room=room, pages=SMALL, rid="a-%d" % room)
+    pp.p.call(op="send", room=room, pages=SMALL, src_start=0, pattern=0xA0 | (run % 16),
+              mode="hold", delay=1.5, aux=1)
+    wait_event(pp.p, room, "write_started")
+    pp.d.call(op="open", addr=pp.addr, room=room, pages=SMALL, rid="b-%d" % room)
+    return pp.d.call(op="abort_shared_room", rid_a="a-%d" % room, rid_b="b-%d" % room,
+                     budget=5.5, r2_by=0.3, r2_pattern=0x50 | (run % 16),
+                     r1_pages=a["pages"], timeout=70)
+
+
 SCENARIOS = [
     Scenario("normal", False, "transfer completes; bytes and metadata row exact", s_normal),
     Scenario("inflight_drained", False, "write in flight 1 s, deadline 30 s", s_inflight_drained),
@@ -233,6 +252,8 @@ SCENARIOS = [
     Scenario("deferred_off", True, "deferred release switched off", s_deferred_off),
     Scenario("large_write", True, "256 MiB write, no delay, deadline 10 ms", s_large_write),
     Scenario("heartbeat_live", True, "heartbeat fails, prefill alive, writing 3.5 s", s_heartbeat_live),
+    Scenario("shared_room", True, "two aborted requests share a room; the 2nd's ACK first",
+             s_shared_room),
     Scenario("kill9_midwrite", False, "prefill kill -9 while its write is held", s_kill9),
 ]
 
