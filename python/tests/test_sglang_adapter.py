@@ -442,3 +442,47 @@ def test_a_fence_gives_up_when_no_sent_request_is_left(monkeypatch):
         time.sleep(0.01)
     assert not any(t.name == name for t in threading.enumerate())
     assert gate.fenced_ranks == 0
+
+
+# -- SGLang's plugin framework --------------------------------------------------------------
+
+
+def _load_plugins_with_kvfence(monkeypatch):
+    """SGLang's real load_plugins(), its entry points reduced to kvfence's (as
+    python/pyproject.toml registers it)."""
+    from importlib.metadata import EntryPoint
+
+    import sglang.srt.plugins as plugins
+
+    ep = EntryPoint(name="kvfence", value="kvfence.sglang._plugin:register",
+                    group="sglang.srt.plugins")
+    monkeypatch.setattr(plugins, "entry_points",
+                        lambda group: [ep] if group == "sglang.srt.plugins" else [])
+    monkeypatch.setattr(plugins, "_plugins_loaded", False)
+    plugins.load_plugins()
+
+
+def test_sglang_plugins_enables_kvfence_through_sglangs_own_loader(monkeypatch):
+    """SGLANG_PLUGINS=kvfence (read by SGLang's load_plugins) installs kvfence in the
+    process; installed but not named (SGLANG_PLUGINS unset or naming others), it stays
+    off; on an SGLang it does not support, the process stops with the supported versions
+    named (SGLang's loader would only log an exception and run unprotected)."""
+    pytest.importorskip("sglang.srt.plugins")
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
+    if ks.installed():
+        pytest.skip("installed by the start-up hook in this process")
+    monkeypatch.delenv("KVFENCE_SGLANG", raising=False)
+    for value in ("", "other"):
+        monkeypatch.setenv("SGLANG_PLUGINS", value)
+        _load_plugins_with_kvfence(monkeypatch)
+        assert not ks.installed()
+    monkeypatch.setenv("SGLANG_PLUGINS", "other,kvfence")
+    try:
+        _load_plugins_with_kvfence(monkeypatch)
+        assert ks.installed()
+    finally:
+        ks.uninstall()
+    monkeypatch.setattr(ks, "_sglang_version", lambda: "0.5.21")
+    with pytest.raises(SystemExit, match=r"supports SGLang 0\.5\.23.*0\.5\.21"):
+        _load_plugins_with_kvfence(monkeypatch)
+    assert not ks.installed()

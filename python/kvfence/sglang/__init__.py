@@ -8,7 +8,9 @@ refused by :func:`install`, which then changes nothing).
     ...
     kvfence.sglang.uninstall()   # puts every SGLang method back
 
-Or without touching code: ``KVFENCE_SGLANG=1 python -m sglang.launch_server ...`` (the
+Or through SGLang's own plugin framework: ``SGLANG_PLUGINS=kvfence python -m
+sglang.launch_server ...`` (:mod:`kvfence.sglang._plugin`, registered in the
+``sglang.srt.plugins`` entry-point group). Or ``KVFENCE_SGLANG=1 python -m sglang.launch_server ...`` (the
 ``kvfence_sglang.pth`` start-up hook installs it as soon as SGLang's Mooncake module is
 imported, in every process SGLang spawns), or ``kvfence-sglang-run python -m ...``.
 

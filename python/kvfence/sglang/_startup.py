@@ -51,6 +51,12 @@ def maybe_hook() -> None:
     """Arms the post-import hook when ``KVFENCE_SGLANG=1`` (called by the ``.pth``)."""
     if os.environ.get(ENV) != "1":
         return
+    arm()
+
+
+def arm() -> None:
+    """Installs kvfence.sglang now if SGLang's Mooncake module is imported already, else
+    as soon as it is (the post-import hook; idempotent)."""
     if TRIGGER in sys.modules:
         from kvfence import sglang
 
