@@ -43,8 +43,11 @@ class Config:
     """What the adapter may be told (environment variable in brackets).
 
     * ``rooms`` (``KVFENCE_SGLANG_ROOMS``, 65536): rooms per kvfence table, one table per
-      SGLang KV manager. Prefill: a room per request in flight; the one past that fails
-      cleanly at ``add_transfer_request``. Decode: a room per aborted request still held
+      SGLang KV manager. Prefill: a room per request in flight (a request aborted in the
+      waiting queue gives its room back); a request that finds none free is failed when
+      its sender is made (SGLang's failure path, logged, counted in
+      ``kvfence_sglang_refused_rooms_total``), and every chunk of it is refused: never
+      written without kvfence. Decode: a room per aborted request still held
       (a successful one never has one); keep it at least the decode's request pool
       (``--max-running-requests`` plus its pre-allocation), which bounds the requests
       held at once: an abort that still finds no room free holds that request's pages
