@@ -21,5 +21,6 @@ install_kvfence() {
     (cd "$root" && PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$target}" \
         "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python) \
         || { log "building kvfence failed"; exit 1; }
-    echo "$hash" > "$venv/.kvfence-src"
+    # (through a new file: a venv made with `cp -al` shares this one's inode)
+    echo "$hash" > "$venv/.kvfence-src.tmp" && mv "$venv/.kvfence-src.tmp" "$venv/.kvfence-src"
 }

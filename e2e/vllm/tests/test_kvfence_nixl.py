@@ -140,13 +140,17 @@ class PD:
 # --------------------------------------------------------------------------- decode (pull)
 
 
-def _decode_with_read(pd: PD, cycles: int = 10**9, n: int = 1) -> List[str]:
+def _decode_with_read(
+    pd: PD, cycles: int = 10**9, n: int = 1, remote_request_id: Optional[str] = None
+) -> List[str]:
     """Adds ``n`` remote-prefill requests and steps until each has a READ posted."""
     pd.worker.nixl_wrapper._cycles_before_xfer_done = cycles
     ids = []
     for _ in range(n):
         req = create_request(do_remote_prefill=True, num_tokens=3 * BLOCK, block_size=BLOCK)
         req.kv_transfer_params["remote_engine_id"] = REMOTE
+        if remote_request_id is not None:
+            req.kv_transfer_params["remote_request_id"] = remote_request_id
         req.kv_transfer_params["remote_block_ids"] = ([0, 1, 2],)
         pd.sched.add_request(req)
         ids.append(req.request_id)
@@ -323,14 +327,32 @@ def test_events_travel_in_connector_metadata(default_vllm_config: Any, dist_init
 
 
 @pytest.mark.skipif(not KVFENCE, reason="kvfence only: its version check")
-def test_version_check_refuses_other_vllm() -> None:
-    """Any vLLM but 0.33.0 is refused at import with a clear message."""
-    import kvfence.vllm as kv
+def test_version_check_reads_the_hooks_not_the_version(tmp_path: Any) -> None:
+    """Support is decided by the code of the hooks: the installed vLLM matches its tested
+    release whatever its version string says; a copy of it with one hook changed is
+    refused with an error naming that hook and the supported releases."""
+    import shutil
 
-    assert kv._check_version() == "0.33.0"
-    with patch.object(kv._metadata, "version", return_value="0.32.1"):
-        with pytest.raises(ImportError, match=r"supports vLLM 0\.33\.0 only.*found vLLM 0\.32\.1"):
-            kv._check_version()
+    import kvfence.vllm as kv
+    from kvfence import _vllm_hooks
+
+    import vllm
+
+    root = os.path.dirname(os.path.dirname(vllm.__file__))
+    installed = kv._check_version(root)
+    assert installed == kv.VLLM_RELEASE and installed in ("0.32.0", "0.33.0", "0.34.0")
+    with patch.object(kv._metadata, "version", return_value=installed + "+cu130"):
+        assert kv._check_version(root) == installed  # a local suffix changes nothing
+    nixl = os.path.join(tmp_path, _vllm_hooks._NIXL)
+    shutil.copytree(os.path.join(root, _vllm_hooks._NIXL), nixl)
+    path = os.path.join(nixl, "base_worker.py")
+    text = open(path).read()
+    marker = "    def _reap_expired_send_leases(self, done_sending: set[str]) -> None:\n"
+    assert marker in text
+    open(path, "w").write(text.replace(marker, marker + "        pass  # changed\n"))
+    with pytest.raises(ImportError, match=r"supports vLLM 0\.32\.0, 0\.33\.0, 0\.34\.0.*"
+                       r"differs in 1 of them: NixlBaseConnectorWorker\._reap_expired_send_leases"):
+        kv._check_version(str(tmp_path))
 
 
 @pytest.mark.skipif(not KVFENCE, reason="kvfence only: its per-step direct calls")
@@ -677,3 +699,42 @@ def test_blast_radius_grace_zero(default_vllm_config: Any, dist_init: Any) -> No
     pd = PD("kv_consumer", {"kvfence_failure_grace_s": 0})
     ids, bad = _blast(pd, 4)
     assert sorted(pd.failed) == sorted(ids)
+
+
+# ------------------------------------------- a failed READ: the prefill gets its blocks back
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_failed_read_gives_the_prefill_its_blocks_back(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """Pull, a prefill and a decode stepped together. The prefill's lease lapses while the
+    decode's READ is posted (kvfence holds the blocks: no proof the READ ended); then the
+    READ fails and the decode tears the prefill down and fences it. Before the fix nothing
+    ever told the prefill: its blocks waited for a notification that never came (held for
+    good with ``kvfence_quarantine_after_s = 0``). Now, once the decode has handshaken
+    with the prefill again, it sends the READ's own completion notification, which the
+    teardown made true, and the prefill frees its blocks once. Stock frees them at the
+    lapse, while the READ may still read them."""
+    prefill = PD("kv_producer", {"kv_lease_duration": 1, "kvfence_quarantine_after_s": 0})
+    prid = _finished_prefill(prefill)
+    decode = PD("kv_consumer")
+    _decode_with_read(decode, remote_request_id=prid)
+    time.sleep(1.1)
+    prefill.steps(3)
+    assert prefill.frees(prid) == 0, "the prefill freed its blocks while a READ of them was posted"
+    sent: List[Tuple[int, bytes]] = []
+    decode.worker.nixl_wrapper.send_notif = lambda agent, notif_msg: sent.append(
+        (len(decode.log), notif_msg)
+    )
+    decode.worker.nixl_wrapper.check_xfer_state = lambda h: "ERR"
+    decode.steps(200, until=lambda: bool(sent), sleep=0.02)
+    assert sent, "the decode never told the prefill that its fenced READ ended"
+    at, msg = sent[0]
+    teardown = next((i for i, e in enumerate(decode.log) if e[0] == "teardown"), None)
+    assert teardown is not None and teardown < at, "notified before the teardown proved the end"
+    assert msg == f"{prid}:1".encode()
+    inbox = [{"decode-agent": [msg]}]
+    prefill.worker.nixl_wrapper.get_new_notifs = lambda: inbox.pop() if inbox else {}
+    prefill.steps(3)
+    assert prefill.frees(prid) == 1, "the prefill's blocks did not come back"
