@@ -52,6 +52,13 @@ def reply(obj: Dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+# The prefill's bootstrap host (its bootstrap server and the host its ranks register
+# with): 127.0.0.1 unless a scenario puts it on another loopback address, so that the
+# prefill's ranks (rank_ip SGLANG_HOST_IP, Mooncake's and ZMQ's connections) reach the
+# decode from an address other than the bootstrap host, as a multi-node prefill's do.
+BOOTSTRAP_HOST = os.environ.get("E2E_BOOTSTRAP_HOST", "127.0.0.1")
+
+
 def setup_runtime(mode: str, bootstrap_port: int, port: int):
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.server_args import ServerArgs
@@ -62,7 +69,7 @@ def setup_runtime(mode: str, bootstrap_port: int, port: int):
         disaggregation_mode=mode,
         disaggregation_transfer_backend="mooncake",
         disaggregation_bootstrap_port=bootstrap_port,
-        host="127.0.0.1",
+        host=BOOTSTRAP_HOST if mode == "prefill" else "127.0.0.1",
         port=port,
         device="cpu",
     )
@@ -168,11 +175,11 @@ class Prefill:
         from sglang.srt.distributed.device_communicators import mooncake_transfer_engine as mte
 
         self.sa = setup_runtime("prefill", bootstrap_port, port)
-        self.bootstrap = MooncakeKVBootstrapServer("127.0.0.1", bootstrap_port)
+        self.bootstrap = MooncakeKVBootstrapServer(BOOTSTRAP_HOST, bootstrap_port)
         self.kv, self.meta = make_buffers()
         self.mgr = MooncakeKVManager(make_kv_args(self.kv, self.meta), DisaggregationMode.PREFILL,
                                      self.sa, False)
-        self.addr = "127.0.0.1:%d" % bootstrap_port
+        self.addr = "%s:%d" % (BOOTSTRAP_HOST, bootstrap_port)
         self.kv_base = [t.data_ptr() for t in self.kv]
         self.forced: Dict[int, Dict[str, Any]] = {}  # src page -> {"mode", "delay"}
         self.events: Dict[int, Dict[str, float]] = {}
