@@ -751,3 +751,25 @@ def test_every_failure_path_is_held_until_drained(_freed: List[str], path: str) 
     assert _freed == ["A"] and freed_idx == [a.metadata_buffer_index]
     d.q.resolve_deferred_releases()
     assert _freed == ["A"]  # once
+
+
+def test_a_new_prefill_manager_first_used_by_its_transfer_worker_gets_its_gate() -> None:
+    """A prefill manager built with ``__new__`` whose first use is SGLang's real
+    transfer_worker (as a test of SGLang's worker would run it): the gate attaches there,
+    the worker's queue is bound to it, and the worker runs (here: takes SGLang's teardown
+    sentinel and returns). The attachment must not take the lazy gate's lock under the
+    worker wrapper's own lock (attach() takes that one too: a self-deadlock)."""
+    from sglang.srt.disaggregation.common.utils import FastQueue
+
+    m = MooncakeKVManager.__new__(MooncakeKVManager)
+    m.request_status, m._deferred_ack_targets, m._staging_outstanding = {}, {}, {}
+    m._deferred_ack_poisoned_rooms = set()
+    m.enable_trace = False
+    q = FastQueue()
+    q.put(None)  # SGLang's teardown sentinel: the worker returns
+    t = threading.Thread(target=m.transfer_worker, args=(q, None), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "transfer_worker hung at its manager's gate attachment"
+    gate = m.__dict__.get("_kvfence_gate")
+    assert isinstance(gate, kpre.PrefillGate) and len(gate.queues) == 1

@@ -116,6 +116,10 @@ class _LazyGate:
     backend's, or one SGLang's ``__init__`` built before :func:`install`) gets ``None``
     as its own attribute."""
 
+    # Lock order: (an SGLang lock a wrapper's caller may hold) -> this lock ->
+    # _state._lock (decode.attach) or prefill._unbound_lock (prefill.attach). Neither of
+    # those is ever held while this one is taken, and nothing done under this one takes
+    # an SGLang lock.
     _lock = threading.Lock()
 
     def __get__(self, mgr: Any, owner: Optional[type] = None) -> Any:

@@ -216,6 +216,9 @@ _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 # the gate; no chunk is queued before that): bound by attach().
 _unbound: "weakref.WeakKeyDictionary[Any, List[kvfence.TransferQueue]]" = \
     weakref.WeakKeyDictionary()
+# Lock order: kvfence.sglang._LazyGate's lock (a gate attached at a manager's first use)
+# -> _unbound_lock (attach()); never the other way (transfer_worker's wrapper triggers
+# the attachment before taking _unbound_lock). No SGLang lock is taken under either.
 _unbound_lock = threading.Lock()
 
 
@@ -275,8 +278,13 @@ def _transfer_worker(orig: Callable[..., Any]) -> Callable[..., Any]:
         # Every chunk the worker takes holds a transfer on its room until it comes back
         # for the next one (kvfence.TransferQueue: native, no Python frame per chunk).
         q = _tls.queue = kvfence.TransferQueue(queue, "room")
+        # A manager built with __new__ gets its gate here, at its first use (the lazy
+        # attachment takes its own lock, then _unbound_lock in attach()): outside
+        # _unbound_lock, which is never held while that lock is taken. Inside, the
+        # instance's own attribute only (no descriptor, no lock).
+        _gate(self)
         with _unbound_lock:
-            gate = _gate(self)
+            gate = self.__dict__.get(_KEY)
             if gate is not None:
                 _bind(q, gate, self)
             else:
