@@ -773,3 +773,24 @@ def test_a_new_prefill_manager_first_used_by_its_transfer_worker_gets_its_gate()
     assert not t.is_alive(), "transfer_worker hung at its manager's gate attachment"
     gate = m.__dict__.get("_kvfence_gate")
     assert isinstance(gate, kpre.PrefillGate) and len(gate.queues) == 1
+
+
+def test_an_overdue_hold_names_the_legacy_prefill_fix(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A 0.5.23 prefill with SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0 sends no
+    ACK at all: a hold older than overdue_after with no ACK and no fence logs the fix,
+    once per prefill (not once per iteration)."""
+    monkeypatch.setattr(_state, "config", ks.Config(overdue_after=0.0))
+    d = Decode()
+    a = d.request(62, "A")
+    d.abort_and_hold([a])
+    assert d.gate is not None and len(d.gate.records) == 1
+    with caplog.at_level("ERROR", logger="kvfence.sglang"):
+        for _ in range(3):
+            d.gate.next_policy_scan = 0.0
+            d.q.resolve_deferred_releases()
+    hits = [r for r in caplog.records if "DEFERRED_DECODE_KV_RELEASE=0" in r.getMessage()]
+    assert len(hits) == 1 and d.held() == ["A"]
+    d.ack(a)
+    d.q.resolve_deferred_releases()
+    assert not d.held()
