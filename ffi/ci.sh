@@ -191,17 +191,29 @@ build_cxx() {
     shift 2
     c++ $cxxflags $inc "$@" "$src" "$lib" $libs -o "$work/$out"
 }
-run "compile: C tests and the C++ test (C++17, C++20)" bash -c "
-    $(declare -f build_c build_cxx); cflags='$cflags'; cxxflags='$cxxflags'; inc='$inc'; lib='$lib'; libs='$libs'; work='$work'
-    build_c test_api ffi/tests/test_api.c &&
-    build_c test_threads ffi/tests/test_threads.c -DREQUESTS=20000 &&
-    build_c test_wait_drain ffi/tests/test_wait_drain.c &&
-    build_c test_oom ffi/tests/test_oom.c &&
-    build_c test_misuse ffi/tests/test_misuse.c &&
-    build_cxx test_cpp17 ffi/tests/test_cpp.cpp -std=c++17 &&
-    build_cxx test_cpp20 ffi/tests/test_cpp.cpp -std=c++20 &&
-    build_cxx test_cpp_release ffi/tests/test_cpp_release.cpp -std=c++17 &&
-    build_cxx test_cpp_result ffi/tests/test_cpp_result.cpp -std=c++17"
+# Builds run in parallel (the C++ ones take seconds each): `par` starts a job, `par_wait`
+# waits for all and fails if any failed.
+par_pids=()
+par() { "$@" & par_pids+=($!); }
+par_wait() {
+    local p st=0
+    for p in "${par_pids[@]}"; do wait "$p" || st=1; done
+    par_pids=()
+    return $st
+}
+compile_all() {
+    par build_c test_api ffi/tests/test_api.c
+    par build_c test_threads ffi/tests/test_threads.c -DREQUESTS=20000
+    par build_c test_wait_drain ffi/tests/test_wait_drain.c
+    par build_c test_oom ffi/tests/test_oom.c
+    par build_c test_misuse ffi/tests/test_misuse.c
+    par build_cxx test_cpp17 ffi/tests/test_cpp.cpp -std=c++17
+    par build_cxx test_cpp20 ffi/tests/test_cpp.cpp -std=c++20
+    par build_cxx test_cpp_release ffi/tests/test_cpp_release.cpp -std=c++17
+    par build_cxx test_cpp_result ffi/tests/test_cpp_result.cpp -std=c++17
+    par_wait
+}
+run "compile: C tests and the C++ tests (C++17, C++20)" compile_all
 run "test_api (every function, every status)" "$work/test_api"
 run "test_threads (20000 requests: no write after reuse, every release once)" "$work/test_threads"
 run "test_wait_drain (issue 40 #1: wait, then drain, finds a release queued by end_queued / a fence)" \
@@ -251,12 +263,16 @@ fi
 
 # ---- 7. ASan + UBSan ----
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-if build_c asan_api ffi/tests/test_api.c $san >"$work/asan_build.log" 2>&1 &&
-    build_c asan_threads ffi/tests/test_threads.c $san &&
-    build_cxx asan_cpp ffi/tests/test_cpp.cpp -std=c++20 $san &&
-    build_cxx asan_cpp_release ffi/tests/test_cpp_release.cpp -std=c++17 $san &&
-    build_c asan_wait_drain ffi/tests/test_wait_drain.c $san &&
-    build_c asan_leak ffi/tests/test_threads.c $san -DMUTATION_LEAK_RELEASE; then
+asan_all() {
+    par build_c asan_api ffi/tests/test_api.c $san
+    par build_c asan_threads ffi/tests/test_threads.c $san
+    par build_cxx asan_cpp ffi/tests/test_cpp.cpp -std=c++20 $san
+    par build_cxx asan_cpp_release ffi/tests/test_cpp_release.cpp -std=c++17 $san
+    par build_c asan_wait_drain ffi/tests/test_wait_drain.c $san
+    par build_c asan_leak ffi/tests/test_threads.c $san -DMUTATION_LEAK_RELEASE
+    par_wait
+}
+if asan_all >"$work/asan_build.log" 2>&1; then
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
     run "asan+ubsan: test_api" env KVFENCE_NO_RLIMIT=asan "$work/asan_api"
     run "asan+ubsan: test_threads" "$work/asan_threads"
@@ -301,11 +317,15 @@ tsan() {
             $compiler "$work/$out.o" "$tlib" -Wl,--whole-archive "$rt" -Wl,--no-whole-archive \
                 $libs -lrt -o "$work/$out"
     }
-    if tbuild tsan_threads ffi/tests/test_threads.c cc -std=c11 >"$work/tsan_build.log" 2>&1 &&
-        tbuild tsan_api ffi/tests/test_api.c cc -std=c11 &&
-        tbuild tsan_wait_drain ffi/tests/test_wait_drain.c cc -std=c11 -DROUNDS=2000 &&
-        tbuild tsan_cpp ffi/tests/test_cpp.cpp c++ -std=c++17 &&
-        tbuild tsan_mut ffi/tests/test_threads.c cc -std=c11 -DMUTATION_IGNORE_REFUSAL; then
+    tsan_all() {
+        par tbuild tsan_threads ffi/tests/test_threads.c cc -std=c11
+        par tbuild tsan_api ffi/tests/test_api.c cc -std=c11
+        par tbuild tsan_wait_drain ffi/tests/test_wait_drain.c cc -std=c11 -DROUNDS=2000
+        par tbuild tsan_cpp ffi/tests/test_cpp.cpp c++ -std=c++17
+        par tbuild tsan_mut ffi/tests/test_threads.c cc -std=c11 -DMUTATION_IGNORE_REFUSAL
+        par_wait
+    }
+    if tsan_all >"$work/tsan_build.log" 2>&1; then
         export TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}"
         run "tsan: test_threads (no data race on the page arena)" "$work/tsan_threads"
         run "tsan: test_api" env KVFENCE_NO_RLIMIT=tsan "$work/tsan_api"
