@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # kvfence inside SGLang 0.5.23's own PD code (short form, ~4-6 min on a loaded 2-core box):
-#   1. e2e/sglang/run --runs 1: every scenario once per rule (one process pair per rule):
-#      stock must corrupt in every racing scenario; kvfence must corrupt nothing, lose no
-#      page, hold nothing at the end, and keep the normal path byte-exact;
+#   1. e2e/sglang/run --runs 1: every default scenario once per rule (one process pair
+#      per rule; kill9_rank_ip, which restarts the prefill, only by name): stock must
+#      corrupt in every racing scenario; kvfence must corrupt nothing, lose no page, hold
+#      nothing at the end, and keep the normal path byte-exact;
 #   2. e2e/sglang/unit/run.py: SGLang's own unit tests, stock and under kvfence (the three
-#      that demand a release on timeout must fail under kvfence, every other one pass).
+#      that demand a release on timeout must fail under kvfence, every other one pass;
+#      kvfence's gates must attach to their __new__-built managers).
 #      They are in no package registry: when e2e/sglang/.upstream/ lacks them (a clean
-#      CI clone), a NOTICE says so and that part is skipped.
+#      CI clone), a NOTICE says so and that part is skipped (named in the count line);
+#   3. python/tests/test_sglang_adapter.py and test_sglang_real_classes.py (SGLang's real
+#      classes, built as its unit tests build them) in the SGLang environment.
 # Builds the SGLang environment itself (setup.sh, cached outside the clone). Prints
-# PASS/FAIL lines and "N passed, M failed"; exit 1 on a failed check; a NOTICE and exit 0
+# PASS/FAIL lines and "N passed, M failed[, K skipped (why)]"; exit 1 on a failed check; a NOTICE and exit 0
 # only when a registry refuses a package or Mooncake cannot be loaded here.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
