@@ -563,20 +563,22 @@ def test_retire_racing_writers_of_raises_nothing() -> None:
 # -- item 6: a prefill that sends generation-less ACKs is refused loudly --------------------
 
 
+@pytest.mark.parametrize("frames", [3, 2])
 def test_a_generation_less_ack_refuses_its_prefill_loudly(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, frames: int) -> None:
     """A prefill with SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0 (or an SGLang
     without generation-tagged ACKs) ACKs with no generation: such an ACK can never release
     a kvfence room, so every abort behind it would be held for good. On the first one,
     every later request to that prefill is refused at send_metadata (it fails, nothing is
     sent), with the fix in the log and in the request's failure. Before issue 38 the
-    requests kept going to it."""
+    requests kept going to it. (``frames`` 2: ``[ABORT_ACK, room]``, what SGLang's newer
+    prefills send with deferred release off.)"""
     d = Decode()
     a = d.request(60, "A")
     d.abort_and_hold([a])
     assert d.gate is not None and len(d.gate.records) == 1
     with caplog.at_level("ERROR", logger="kvfence.sglang"):
-        d.mgr.handle_abort_ack_message([ABORT_ACK_TAG, b"60", b"0"])
+        d.mgr.handle_abort_ack_message([ABORT_ACK_TAG, b"60", b"0"][:frames])
     d.q.resolve_deferred_releases()
     assert d.held() == ["A"]  # never released on a legacy ACK
     sent = d.sock.messages

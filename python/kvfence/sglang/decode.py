@@ -692,9 +692,10 @@ def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _handle_abort_ack_message(orig: Callable[..., Any]) -> Callable[..., Any]:
     def handle_abort_ack_message(self: Any, msg: List[bytes]) -> bool:
-        if len(msg) == 3:
-            # [ABORT_ACK, room, rank] with no generation: a legacy prefill's (SGLang
-            # drops it, so a kvfence room would wait on it for ever).
+        if 2 <= len(msg) <= 3:
+            # [ABORT_ACK, room, rank] with no generation (an older prefill's), or
+            # [ABORT_ACK, room] (what SGLang's newer prefills send with deferred release
+            # off): SGLang drops both, so a kvfence room would wait on it for ever.
             gate = getattr(self, _KEY, None)
             if gate is not None and msg[0] == _ABORT_ACK_TAG:
                 try:
