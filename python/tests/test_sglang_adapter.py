@@ -486,3 +486,24 @@ def test_sglang_plugins_enables_kvfence_through_sglangs_own_loader(monkeypatch):
     with pytest.raises(SystemExit, match=r"supports SGLang 0\.5\.23.*0\.5\.21"):
         _load_plugins_with_kvfence(monkeypatch)
     assert not ks.installed()
+
+
+def test_a_room_shared_with_a_request_held_for_good_is_never_safe_by_room():
+    """Two requests on one bootstrap_room: the first gets a kvfence room, the second finds
+    the table full (held for good). Once the first is released, a caller that asks by
+    room only (SGLang's is_abort_release_safe outside its scan) must still hear "no":
+    the other request of the room may never be released."""
+    gate, mgr = _gate(rooms=1)
+    r1, r2 = _recv(mgr, 5), _recv(mgr, 5)
+    _send(r1, list(range(4)), 0, None)
+    _send(r2, list(range(4)), 0, None)
+    h1 = gate.open_at_abort(r1)
+    assert h1 is not None and gate.open_at_abort(r2) is None
+    assert 5 in gate.held_for_good
+    gate.table.abort(h1)
+    for w in gate.records[h1].writers:
+        gate.table.quiesce(h1, w)
+    gate.drain()
+    assert h1 in gate.decided
+    safe = kdec._is_abort_release_safe(lambda self, room, acks: True)
+    assert safe(mgr, 5, 1) is False

@@ -368,6 +368,8 @@ class DecodeGate:
         for a caller that names a room and not a request (SGLang's own
         ``is_abort_release_safe`` outside ``resolve_deferred_releases``). Conservative
         when the room is shared: one held request of it keeps the answer ``False``."""
+        if self.held_for_good and room in self.held_for_good:
+            return False  # another request of the room is held for good
         decided = self.decided
         return all(h in decided for h in self.room_handles.get(room, ()))
 
