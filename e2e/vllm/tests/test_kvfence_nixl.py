@@ -262,6 +262,21 @@ def test_lease_lapses_while_read_posted(default_vllm_config: Any, dist_init: Any
 # -------------------------------------------------------------------------- prefill (push)
 
 
+def _stub_descriptors(w: Any) -> None:
+    """The per-engine descriptor maps vLLM's push ``_xfer_blocks`` reads (set up by
+    ``register_kv_caches`` and the handshake, which need a real KV cache): 0.32 and 0.33
+    keep region maps per engine, 0.34 one ``_dst_pairs`` entry (``_compute_desc_ids`` is
+    stubbed, so only the lookups must succeed)."""
+    w.dst_num_blocks = {"decode-engine": 8, w.engine_id: 8}
+    for eid in ("decode-engine", w.engine_id):
+        w.dst_region_num_blocks[eid] = [8]
+        if hasattr(w, "dst_uses_region_group_mapping"):  # 0.32, 0.33
+            w.dst_region_group_ids[eid] = [0]
+            w.dst_uses_region_group_mapping[eid] = False
+        if hasattr(w, "_dst_pairs"):  # 0.34
+            w._dst_pairs[eid] = MagicMock()
+
+
 @patch(BASE_WORKER, FakeNixlWrapper)
 def test_push_write_in_progress_at_expiry(default_vllm_config: Any, dist_init: Any) -> None:
     """Push: the prefill's WRITE is still in progress when the lease lapses. vLLM reports
@@ -275,11 +290,7 @@ def test_push_write_in_progress_at_expiry(default_vllm_config: Any, dist_init: A
     w.transfer_topo.block_size_ratio.return_value = 1
     w._apply_prefix_caching = MagicMock(return_value=([[1]], [[1]]))
     w._compute_desc_ids = MagicMock(return_value=[0])
-    w.dst_num_blocks = {"decode-engine": 8, w.engine_id: 8}
-    for eid in ("decode-engine", w.engine_id):
-        w.dst_region_num_blocks[eid] = [8]
-        w.dst_region_group_ids[eid] = [0]
-        w.dst_uses_region_group_mapping[eid] = False
+    _stub_descriptors(w)
     w.nixl_wrapper._cycles_before_xfer_done = 10**9  # in progress
     handle = w._xfer_blocks(
         read_spec=ReadSpec(0, [[1]], [[1]]),
@@ -464,11 +475,7 @@ def _push_prefill_with_write(extra: Optional[Dict[str, Any]] = None) -> Tuple[PD
     w.transfer_topo.block_size_ratio.return_value = 1
     w._apply_prefix_caching = MagicMock(return_value=([[1]], [[1]]))
     w._compute_desc_ids = MagicMock(return_value=[0])
-    w.dst_num_blocks = {"decode-engine": 8, w.engine_id: 8}
-    for eid in ("decode-engine", w.engine_id):
-        w.dst_region_num_blocks[eid] = [8]
-        w.dst_region_group_ids[eid] = [0]
-        w.dst_uses_region_group_mapping[eid] = False
+    _stub_descriptors(w)
     w._remote_agents["decode-engine"] = {0: "decode-agent"}
     w.nixl_wrapper._cycles_before_xfer_done = 10**9  # in progress
     handle = _post_write(w, rid)
