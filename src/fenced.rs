@@ -96,10 +96,20 @@ impl FencedRanks {
         true
     }
 
-    pub(crate) fn list(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.entries().collect();
+    /// The fenced ranks, sorted; `fallible`: memory running out is
+    /// [`Error::OutOfMemory`] instead of an abort.
+    pub(crate) fn try_list(&self, fallible: bool) -> Result<Vec<u32>, Error> {
+        let n = (self.high.load(Ordering::SeqCst) as usize).min(self.ids.len());
+        let mut v: Vec<u32> = Vec::new();
+        if fallible && v.try_reserve_exact(n).is_err() {
+            return Err(Error::OutOfMemory {
+                bytes: n.saturating_mul(core::mem::size_of::<u32>()),
+            });
+        }
+        // At most `n` entries: no growth past the reservation.
+        v.extend(self.entries().take(n));
         v.sort_unstable();
         v.dedup();
-        v
+        Ok(v)
     }
 }

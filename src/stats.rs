@@ -133,8 +133,24 @@ impl RoomTable {
     /// # Ok::<(), kvfence::Error>(())
     /// ```
     pub fn stats(&self) -> Stats {
+        // Never `Err`: an infallible snapshot's lists grow (or abort) as any `Vec` does.
+        self.collect_stats(false).unwrap_or_default()
+    }
+
+    /// [`stats`](Self::stats), but memory running out for its lists is
+    /// [`Error::OutOfMemory`] instead of an abort of the process (for the C ABI's
+    /// `kvfence_get_stats`).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`].
+    pub fn try_stats(&self) -> Result<Stats, Error> {
+        self.collect_stats(true)
+    }
+
+    /// The snapshot; `fallible`: its lists grow with `try_reserve`.
+    fn collect_stats(&self, fallible: bool) -> Result<Stats, Error> {
         let mut stats = Stats {
-            fenced: self.fenced.list(),
+            fenced: self.fenced.try_list(fallible)?,
             releases: self.counters.sum(Event::Release),
             stale_refused: self.counters.sum(Event::Stale),
             duplicate_acks: self.counters.sum(Event::Duplicate),
@@ -153,6 +169,12 @@ impl RoomTable {
                 Snapshot::Live(room) => {
                     stats.rooms.held += 1;
                     stats.pages.held += room.pages;
+                    if fallible && stats.closing.try_reserve(1).is_err() {
+                        return Err(Error::OutOfMemory {
+                            bytes: (stats.closing.len() + 1)
+                                .saturating_mul(core::mem::size_of::<RoomStatus>()),
+                        });
+                    }
                     stats.closing.push(room);
                 }
                 Snapshot::Queued(pages) => {
@@ -164,7 +186,7 @@ impl RoomTable {
         }
         stats.rooms.free = self.rooms_free.count_free();
         stats.pages.free = self.pages_free.as_ref().map_or(0, |p| p.count_free());
-        stats
+        Ok(stats)
     }
 
     /// The status of one live room, without a scan.

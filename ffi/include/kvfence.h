@@ -14,12 +14,12 @@
  *    kvfence_last_error() describes the failure (per thread).
  *  - No panic crosses the boundary (KVFENCE_PANIC). Running out of memory is
  *    KVFENCE_OUT_OF_MEMORY wherever an allocation grows with the input (kvfence_table_new,
- *    kvfence_open, _open_gate, _grow, _grow_gate, _pages_of, _release_requeue; a fence
- *    queues what its list cannot take). A few small allocations still abort the process
- *    if the allocator fails (Rust's default; a library cannot change it): registering a
- *    failed transfer (kvfence_end / _end_queued with KVFENCE_FAILED, a few bytes amortised),
- *    the list of failed transfers a fence or quarantine ends, kvfence_get_stats's
- *    snapshot (~300 bytes per closing room), the table struct itself.
+ *    kvfence_open, _open_gate, _grow, _grow_gate, _pages_of, _get_stats,
+ *    _release_requeue; a fence queues what its list cannot take). A few small
+ *    allocations still abort the process if the allocator fails (Rust's default; a
+ *    library cannot change it): registering a failed transfer (kvfence_end /
+ *    _end_queued with KVFENCE_FAILED, a few bytes amortised), the list of failed
+ *    transfers a fence or quarantine ends, the table struct itself.
  *  - NULL and misaligned pointers are refused with a status, never dereferenced; a
  *    (pointer, length) pair of length 0 may be NULL.
  *  - A kvfence_table* may be used by any number of threads at once (every function but
@@ -1198,12 +1198,13 @@ kvfence_status kvfence_get_room_status(const struct kvfence_table *table,
  * A snapshot of the table into `*out` (set `out->struct_size` first): occupancy, event
  * counts, and the closing rooms and fenced ranks, of which the first `closing_cap` /
  * `fenced_cap` are written to `closing` / `fenced` (`out->closing_len` / `fenced_len` say
- * how many there are; NULL with cap 0 skips a list). Scans the table and allocates: not a
- * hot-path call. Thread-safe (taken without stopping anyone: a snapshot of a busy table
+ * how many there are; NULL with cap 0 skips a list). Scans the table and allocates (about
+ * 300 bytes per closing room; `KVFENCE_OUT_OF_MEMORY` if that fails): not a hot-path call. Thread-safe (taken without stopping anyone: a snapshot of a busy table
  * mixes moments).
  *
  * Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`
- * (`struct_size` smaller than version 1's `kvfence_stats`, or a list length overflows).
+ * (`struct_size` smaller than version 1's `kvfence_stats`, or a list length overflows),
+ * `KVFENCE_OUT_OF_MEMORY`.
  *
  * # Safety
  * `table` live; `out` valid for `out->struct_size` bytes; `closing` for `closing_cap`

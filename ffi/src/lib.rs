@@ -33,14 +33,14 @@
 //! * **Memory.** Running out of memory is `KVFENCE_OUT_OF_MEMORY`, never an abort, in
 //!   every call whose allocation grows with its input: `kvfence_table_new` (the table),
 //!   `kvfence_open` / `kvfence_open_gate` / `kvfence_grow` / `kvfence_grow_gate` /
-//!   `kvfence_pages_of` (page lists), `kvfence_release_requeue`; `kvfence_fence_rank`
+//!   `kvfence_pages_of` (page lists), `kvfence_get_stats` (its snapshot),
+//!   `kvfence_release_requeue`; `kvfence_fence_rank`
 //!   queues the releases its list cannot take; `kvfence_last_error` formats into the
 //!   caller's buffer. A few small allocations still abort the process if the allocator
 //!   fails (Rust's default, which a library cannot change): registering a failed transfer
 //!   (`kvfence_end` / `kvfence_end_queued` with `KVFENCE_FAILED`: a few bytes, amortised),
-//!   the list of failed transfers a fence or quarantine ends, `kvfence_get_stats`'s
-//!   snapshot (about 300 bytes per closing room), and the table struct itself in
-//!   `kvfence_table_new`.
+//!   the list of failed transfers a fence or quarantine ends, and the table struct itself
+//!   in `kvfence_table_new`.
 //! * **Structs are not versioned unless they say so.** `kvfence_config` and
 //!   `kvfence_stats` carry `struct_size`; `kvfence_release`, `kvfence_room_status`,
 //!   `kvfence_fenced`, `kvfence_usage`, `kvfence_handle` and `kvfence_token` do not: a field
@@ -2253,12 +2253,13 @@ pub unsafe extern "C" fn kvfence_get_room_status(
 /// A snapshot of the table into `*out` (set `out->struct_size` first): occupancy, event
 /// counts, and the closing rooms and fenced ranks, of which the first `closing_cap` /
 /// `fenced_cap` are written to `closing` / `fenced` (`out->closing_len` / `fenced_len` say
-/// how many there are; NULL with cap 0 skips a list). Scans the table and allocates: not a
-/// hot-path call. Thread-safe (taken without stopping anyone: a snapshot of a busy table
+/// how many there are; NULL with cap 0 skips a list). Scans the table and allocates (about
+/// 300 bytes per closing room; `KVFENCE_OUT_OF_MEMORY` if that fails): not a hot-path call. Thread-safe (taken without stopping anyone: a snapshot of a busy table
 /// mixes moments).
 ///
 /// Errors: `KVFENCE_NULL_POINTER`, `KVFENCE_MISALIGNED_POINTER`, `KVFENCE_BAD_LENGTH`
-/// (`struct_size` smaller than version 1's `kvfence_stats`, or a list length overflows).
+/// (`struct_size` smaller than version 1's `kvfence_stats`, or a list length overflows),
+/// `KVFENCE_OUT_OF_MEMORY`.
 ///
 /// # Safety
 /// `table` live; `out` valid for `out->struct_size` bytes; `closing` for `closing_cap`
@@ -2287,7 +2288,8 @@ pub unsafe extern "C" fn kvfence_get_stats(
                 "kvfence_stats.struct_size is smaller than sizeof(kvfence_stats) of version 1",
             ));
         }
-        let s = t.inner.stats();
+        // Fallible: memory running out for the snapshot's lists is a status.
+        let s = t.inner.try_stats()?;
         let usage = |u: core_kvfence::Usage| kvfence_usage {
             free: u.free as u64,
             owned: u.owned as u64,

@@ -4,8 +4,9 @@
  * raise it again) to its current size plus 16 MiB and asks for more than that through each
  * call that copies a caller-sized page list: kvfence_open_gate (the copy of the engine's
  * list), kvfence_grow_gate, kvfence_pages_of (the copy of a 64 MiB room), kvfence_open and
- * kvfence_grow (pool mode: the room's list of claimed ids), and kvfence_last_error after
- * each (it formats into the caller's buffer). Before the fix the first of them died of
+ * kvfence_grow (pool mode: the room's list of claimed ids), kvfence_get_stats (a snapshot
+ * of 65,536 closing rooms), and kvfence_last_error after each (it formats into the
+ * caller's buffer). Before the fix the first of them died of
  * SIGABRT (Rust's allocation-failure handler); now each returns the status and the
  * table is still usable (the same call succeeds once the limit is raised).
  *
@@ -96,6 +97,27 @@ static int child(void) {
     kvfence_table_free(gate);
     kvfence_table_free(pool);
     free(ids);
+
+    /* kvfence_get_stats: its snapshot lists every closing room (~300 bytes each): 2^16
+     * aborted rooms, still waiting on writer 3, need ~20 MiB. */
+    kvfence_config sc = kvfence_config_gate(1u << 16);
+    kvfence_table *st = NULL;
+    OK(kvfence_table_new(&sc, &st));
+    uint32_t three = 3;
+    int opened = 1;
+    for (uint32_t i = 0; i < (1u << 16) && opened; i++) {
+        size_t nf;
+        opened = kvfence_open_gate(st, &three, 1, i, NULL, 0, &h) == KVFENCE_OK &&
+                 kvfence_abort(st, h, NULL, 0, &nf, &r) == KVFENCE_OK;
+    }
+    CHECK(opened);
+    kvfence_stats stats = {.struct_size = sizeof stats};
+    limit(vm_size() + (16u << 20));
+    EXPECT(kvfence_get_stats(st, &stats, NULL, 0, NULL, 0), KVFENCE_OUT_OF_MEMORY);
+    unlimit();
+    OK(kvfence_get_stats(st, &stats, NULL, 0, NULL, 0));
+    CHECK(stats.closing_len == (1u << 16) && stats.rooms.held == (1u << 16));
+    kvfence_table_free(st);
     return check_report("test_oom (child)");
 }
 
