@@ -18,8 +18,8 @@
  *    _release_requeue; a fence queues what its list cannot take). A few small
  *    allocations still abort the process if the allocator fails (Rust's default; a
  *    library cannot change it): registering a failed transfer (kvfence_end /
- *    _end_queued with KVFENCE_FAILED, a few bytes amortised), the list of failed
- *    transfers a fence or quarantine ends, the table struct itself.
+ *    _end_queued with KVFENCE_FAILED, a few bytes amortised) and the list of failed
+ *    transfers a fence or quarantine ends.
  *  - NULL and misaligned pointers are refused with a status, never dereferenced; a
  *    (pointer, length) pair of length 0 may be NULL.
  *  - A kvfence_table* may be used by any number of threads at once (every function but

@@ -39,8 +39,7 @@
 //!   caller's buffer. A few small allocations still abort the process if the allocator
 //!   fails (Rust's default, which a library cannot change): registering a failed transfer
 //!   (`kvfence_end` / `kvfence_end_queued` with `KVFENCE_FAILED`: a few bytes, amortised),
-//!   the list of failed transfers a fence or quarantine ends, and the table struct itself
-//!   in `kvfence_table_new`.
+//!   and the list of failed transfers a fence or quarantine ends.
 //! * **Structs are not versioned unless they say so.** `kvfence_config` and
 //!   `kvfence_stats` carry `struct_size`; `kvfence_release`, `kvfence_room_status`,
 //!   `kvfence_fenced`, `kvfence_usage`, `kvfence_handle` and `kvfence_token` do not: a field
@@ -1206,13 +1205,23 @@ pub unsafe extern "C" fn kvfence_table_new(
         check(out)?;
         // SAFETY: checked; valid for its struct_size by contract.
         let config = unsafe { read_config(config) }?;
-        let table = Box::new(kvfence_table {
+        let table = kvfence_table {
             inner: RoomTable::new(config)?,
             overflow: Mutex::new(Vec::new()),
             overflow_len: AtomicUsize::new(0),
-        });
+        };
+        // The box by hand: `Box::new` aborts the process when memory runs out.
+        let layout = std::alloc::Layout::new::<kvfence_table>();
+        // SAFETY: `kvfence_table` is not zero-sized (it holds a RoomTable).
+        let raw = unsafe { std::alloc::alloc(layout) }.cast::<kvfence_table>();
+        if raw.is_null() {
+            return Err(out_of_memory(layout.size()));
+        }
+        // SAFETY: `raw` is a fresh allocation of `kvfence_table`'s layout from the global
+        // allocator, which is what `Box::from_raw` in `kvfence_table_free` expects.
+        unsafe { raw.write(table) };
         // SAFETY: checked.
-        unsafe { put(out, Box::into_raw(table)) };
+        unsafe { put(out, raw) };
         Ok(())
     })
 }
