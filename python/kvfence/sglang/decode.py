@@ -30,24 +30,39 @@ SGLang method (0.5.23)                        what kvfence adds
 ``CommonKVManager.note_abort_ack``            ``quiesce(handle, rank)`` (ABORT_ACK = quiesce)
                                               instead of SGLang's ACK set, for a room
                                               kvfence holds; SGLang's own otherwise
-``CommonKVManager.is_abort_release_safe``     "kvfence released this room" (rooms opened
-                                              under kvfence), else SGLang's ACK count
+``CommonKVManager.handle_abort_ack_message``  a generation-less ACK (2 or 3 frames) marks
+                                              its prefill instance legacy: later requests
+                                              to it are refused at ``send_metadata``,
+                                              logged with the fix
+``CommonKVManager.is_abort_release_safe``     inside SGLang's scan: "kvfence released *this
+                                              entry's* request" (its receiver's handle;
+                                              one room id may be held by several
+                                              requests); asked by room only: every open
+                                              request of the room released; SGLang's ACK
+                                              count for requests kvfence does not gate
 ``DecodeTransferQueue.resolve_deferred_releases`` with nothing held, returns at once, as
                                               SGLang's own does (nothing drained: a
                                               decision waits, queued, for its entry);
                                               otherwise drains kvfence's releases, applies
-                                              the quarantine policy, and makes every deadline
-                                              infinite: time never releases a page. With
+                                              the quarantine policy, and makes every gated
+                                              entry's deadline infinite: time never releases
+                                              a page. With
                                               one attention-TP rank and only kvfence rooms
                                               held, SGLang's scan is skipped when kvfence
                                               released nothing, and sees only the entries
                                               kvfence released otherwise
-``DecodeTransferQueue.pop_transferred``       holds every failed transfer, whatever
+``DecodeTransferQueue.pop_transferred``       holds every failed transfer of a gated
+                                              manager, whatever
                                               ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``
-                                              says
+                                              says (a queue with no gate: stock)
 ``DecodeTransferQueue._do_release``           a quarantined room's pages are *not* freed
+``DecodeTransferQueue.release_memory_occupation``  the held requests SGLang drops stop
+                                              counting as held (their records go when
+                                              their rooms are released)
 ``CommonKVManager._handle_node_failure``      fences the dead prefill's ranks once its
-                                              transport is proven torn down (:mod:`.teardown`)
+                                              transport is proven torn down (:mod:`.teardown`:
+                                              no socket left from its bootstrap host or any
+                                              ``rank_ip`` its ranks registered)
 ============================================  =================================================
 
 SGLang's cross-rank MIN reduction (``all_reduce_flags`` in ``resolve_deferred_releases``)
