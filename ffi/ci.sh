@@ -43,26 +43,28 @@ fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
 notice() { printf '\n*** NOTICE: %s ***\n\n' "$*"; }
 
 nlog=0
+# took T0: " [N.Ns]", the wall time since T0 (an $EPOCHREALTIME), for the PASS/FAIL line.
+took() { printf ' [%.1fs]' "$(echo "${EPOCHREALTIME/,/.} - $1" | bc 2>/dev/null || echo 0)"; }
 # run NAME CMD...: passes if CMD exits 0.
 run() {
-    local name=$1 log="$work/log.$((++nlog))"
+    local name=$1 log="$work/log.$((++nlog))" t0=${EPOCHREALTIME/,/.}
     shift
     if "$@" >"$log" 2>&1; then
-        pass "$name$(grep -m1 -o '[0-9]* passed, [0-9]* failed' "$log" | sed 's/^/ (/; s/$/)/')"
+        pass "$name$(grep -m1 -o '[0-9]* passed, [0-9]* failed' "$log" | sed 's/^/ (/; s/$/)/')$(took "$t0")"
     else
-        fail "$name"
+        fail "$name$(took "$t0")"
         tail -40 "$log"
     fi
 }
 # expect_fail NAME CMD...: passes if CMD fails (a mutation the check must catch).
 expect_fail() {
-    local name=$1 log="$work/log.$((++nlog))"
+    local name=$1 log="$work/log.$((++nlog))" t0=${EPOCHREALTIME/,/.}
     shift
     if "$@" >"$log" 2>&1; then
-        fail "$name: the mutation was NOT caught"
+        fail "$name: the mutation was NOT caught$(took "$t0")"
         tail -20 "$log"
     else
-        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost|Invalid' "$log" | cut -c1-100))"
+        pass "$name (caught: $(grep -m1 -E 'FAIL|ERROR|WARNING|SUMMARY|definitely lost|Invalid' "$log" | cut -c1-100))$(took "$t0")"
     fi
 }
 
