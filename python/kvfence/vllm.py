@@ -53,8 +53,13 @@ hooks; everything else is vLLM's code. What changes, on purpose:
 * **Quarantine by policy** where no connection can be torn down: a pull prefill does not
   know which decode READs its blocks (the READ is one-sided), so a lapsed room whose
   decode never reports is quarantined after ``kvfence_quarantine_after_s`` (default 4x the
-  lease; ``0`` = hold for ever): its blocks are never freed (taken out of circulation,
-  counted) and the request is never reported. ``kvfence_on_failure="quarantine"``
+  lease; ``0`` = hold for ever): its blocks are taken out of circulation (counted). The
+  scheduler-side connector pins them through vLLM's ``bind_gpu_block_pool`` (a reference
+  of its own; their prefix hashes dropped, so no later request can hit them as a cached
+  prefix) and the request is then reported sent, so the scheduler frees the request and
+  not the blocks. A late completion (the decode's notification, the WRITE's ``DONE``)
+  is the proof that was missing: it unpins them. A decode-side quarantine leaves its
+  request unreported (the request may still use those blocks). ``kvfence_on_failure="quarantine"``
   quarantines a room with a failed handle instead of tearing its peer down; ``"hold"``
   keeps it until something else fences the peer.
 * Every fence, quarantine, held lease and failed/stuck handle is logged (one line each, in
@@ -377,7 +382,11 @@ class _KvfenceWorkerMixin:
         self._kvf_posting: Dict[str, int] = {}
         self._kvf_tearing: Set[str] = set()
         # Send rooms quarantined whose late completion still frees the blocks (req ids).
-        self._kvf_quarantined_sends: Dict[str, None] = {}
+        # value: False until the scheduler has pinned its blocks (then the request is
+        # reported sent, and a late completion unpins instead of reporting it again).
+        self._kvf_quarantined_sends: Dict[str, bool] = {}
+        # Requests whose blocks the scheduler pinned (connector metadata), to report sent.
+        self._kvf_pinned_now: List[str] = []
         # Pull decode (step thread only): the completion notification each posted READ
         # carries, per request: (meta, [(remote rank, notif)]); and, per prefill engine,
         # those owed after a fence ended the READs (sent once a new handshake is done).
@@ -401,6 +410,7 @@ class _KvfenceWorkerMixin:
 
     #: False until _kvf_init ran on this instance (read on the hot path instead of a call).
     _kvf_ready = False
+    _kvf_pinned_now: List[str] = []  # (read before _kvf_init may have run; never mutated)
     # Class-level values the per-step path reads before it knows whether _kvf_init ran
     # (an instance built with ``__new__``, as vLLM's tests do): "a scan is due" (no time
     # is >= 1 and < 0), so that the first poll takes the slow path, which initialises.
@@ -534,7 +544,7 @@ class _KvfenceWorkerMixin:
             # The request stays in vLLM's _reqs_to_process: a late completion (the
             # decode's notification, or the WRITE handle's DONE) is the proof of drain
             # that was missing, and frees the blocks then (_kvf_filter).
-            self._kvf_quarantined_sends[req_id] = None
+            self._kvf_quarantined_sends[req_id] = False
         logger.warning(
             "kvfence: quarantined the %s blocks of request %s (%s): not freed unless its "
             "transfer is later reported complete",
@@ -542,7 +552,7 @@ class _KvfenceWorkerMixin:
             req_id,
             why,
         )
-        self._kvf_event("quarantine", req_id, why)
+        self._kvf_event("quarantine", req_id, f"{side}: {why}")
 
     # ------------------------------------------------------- teardown, then fence
 
@@ -903,9 +913,10 @@ class _KvfenceWorkerMixin:
             # The common step: nothing reported, nothing to close. The table's release
             # queue is lock-free; the maps are taken under the lock only if it has any.
             released = self.kvfence_table.drain_released()
-            if released:
+            if released or self._kvf_pinned_now:
                 with self._kvf_lock:
                     self._kvf_report(released, results)
+                    self._kvf_report_pinned(results)
             return results
         return self._kvf_filter(results)
 
@@ -917,10 +928,14 @@ class _KvfenceWorkerMixin:
                 key = (_SEND, req_id)
                 if req_id in self._kvf_quarantined_sends:
                     # The late proof of a quarantined room: the READ (or WRITE) has
-                    # ended, so vLLM's answer stands and the blocks go back.
-                    del self._kvf_quarantined_sends[req_id]
+                    # ended. Pinned by the scheduler (the request was reported sent
+                    # then): the event unpins its blocks. Not pinned: vLLM's answer
+                    # stands and the blocks go back.
+                    pinned = self._kvf_quarantined_sends.pop(req_id)
                     self._kvf_complete(key)
-                    self._kvf_event("released_after_quarantine", req_id, "")
+                    self._kvf_event("released_after_quarantine", req_id, "pinned" if pinned else "")
+                    if pinned:
+                        results.finished_sending.discard(req_id)
                     continue
                 if key not in self._kvf_room:
                     continue  # never tracked (e.g. no blocks): vLLM's answer stands
@@ -940,7 +955,20 @@ class _KvfenceWorkerMixin:
                 self._kvf_held[key] = failed
                 self._kvf_close(_RECV, req_id, abort=False)
             self._kvf_report(self.kvfence_table.drain_released(), results)
+            if self._kvf_pinned_now:
+                self._kvf_report_pinned(results)
         return results
+
+    def _kvf_report_pinned(self, results: KVConnectorTransferResults) -> None:
+        """Reports sent the quarantined requests whose blocks the scheduler has pinned
+        (its connector holds a reference of its own on them and dropped their prefix
+        hashes): the scheduler frees the request, the blocks stay out of circulation
+        until a late completion unpins them. Under the lock."""
+        pinned, self._kvf_pinned_now = self._kvf_pinned_now, []
+        for req_id in pinned:
+            if self._kvf_quarantined_sends.get(req_id) is False:
+                self._kvf_quarantined_sends[req_id] = True
+                results.finished_sending.add(req_id)
 
     def _kvf_report(self, released: List[Any], results: KVConnectorTransferResults) -> None:
         """Adds the requests of the released rooms to vLLM's report (under the lock)."""
@@ -1114,9 +1142,10 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
             return self._kvf_filter(results)
         # _kvf_gate's common step, inline (one call less in every engine step).
         released = self.kvfence_table.drain_released()
-        if released:
+        if released or self._kvf_pinned_now:
             with self._kvf_lock:
                 self._kvf_report(released, results)
+                self._kvf_report_pinned(results)
         return results
 
 
@@ -1273,13 +1302,99 @@ class _KvfenceConnectorMixin:
             return None
         return self.connector_worker.kvfence_take_events() if pending else None
 
+    # Scheduler side: the official way for a connector to hold blocks (vLLM's
+    # ``bind_gpu_block_pool``: the ``BlockPool``, whose ``touch`` / ``free_blocks`` take
+    # and drop a reference of the connector's own). A prefill request whose send room is
+    # quarantined (no proof that the decode's READ, or the prefill's WRITE, ended) is not
+    # left unreported for ever: its blocks are pinned (their prefix hashes dropped first,
+    # so that no later request can hit them as a cached prefix), the workers are told in
+    # the next connector metadata, they report it sent, and the scheduler frees the
+    # request, not the blocks. A late completion unpins them. Decode-side quarantines
+    # stay unreported: the request may still use those blocks (a retry, a recompute).
+    _kvf_pool: Any = None
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """vLLM's; keeps the pool for quarantine pins."""
+        super().bind_gpu_block_pool(gpu_block_pool)  # type: ignore[misc]
+        self._kvf_pool = gpu_block_pool
+        self._kvf_blocks: Dict[str, Any] = {}  # req -> its block ids while delayed
+        self._kvf_pins: Dict[str, List[List[Any]]] = {}  # req -> blocks, one list per pin
+        self._kvf_acks: List[str] = []  # pinned since the last connector metadata
+
+    def request_finished(self, request: Any, block_ids: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        """vLLM's; remembers the blocks of a request whose free it delays."""
+        delay, params = super().request_finished(request, block_ids)  # type: ignore[misc]
+        if delay and self._kvf_pool is not None:
+            self._kvf_blocks[request.request_id] = (block_ids,)
+        return delay, params
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: Any
+    ) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        """vLLM's; remembers the blocks of a request whose free it delays."""
+        delay, params = super().request_finished_all_groups(request, block_ids)  # type: ignore[misc]
+        if delay and self._kvf_pool is not None:
+            self._kvf_blocks[request.request_id] = block_ids
+        return delay, params
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        """vLLM's; plus the requests pinned since the last step (``kvf_pinned``)."""
+        meta = super().build_connector_meta(scheduler_output)  # type: ignore[misc]
+        if self._kvf_pool is not None and self._kvf_acks:
+            meta.kvf_pinned, self._kvf_acks = self._kvf_acks, []
+        return meta
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """vLLM's; the worker learns which quarantined requests the scheduler pinned."""
+        super().bind_connector_metadata(connector_metadata)  # type: ignore[misc]
+        pinned = getattr(connector_metadata, "kvf_pinned", None)
+        worker = self.connector_worker
+        if pinned and worker is not None and getattr(worker, "_kvf_ready", False):
+            with worker._kvf_lock:
+                worker._kvf_pinned_now = worker._kvf_pinned_now + list(pinned)
+
+    def _kvf_pin(self, req_id: str) -> None:
+        ids = self._kvf_blocks.get(req_id)
+        if ids is None:
+            logger.warning("kvfence: quarantined request %s has no blocks on record", req_id)
+            return
+        pool = self._kvf_pool
+        flat = [b for group in ids for b in group]
+        pool.evict_blocks(set(flat))  # no prefix hit on a quarantined block
+        blocks = [pool.blocks[b] for b in flat]
+        pool.touch(blocks)
+        self._kvf_pins.setdefault(req_id, []).append(blocks)
+        self._kvf_acks.append(req_id)
+
+    def _kvf_unpin(self, req_id: str) -> None:
+        pins = self._kvf_pins.get(req_id)
+        if not pins:
+            return
+        self._kvf_pool.free_blocks(pins.pop())
+        if not pins:
+            del self._kvf_pins[req_id]
+
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
-        """vLLM's; then counts the aggregated kvfence events (scheduler process)."""
-        super().update_connector_output(connector_output)  # type: ignore[misc]
+        """Scheduler process: pins and unpins quarantined blocks from the workers' events
+        (before vLLM frees any block of this output), vLLM's, then counts the events."""
         meta = connector_output.kv_connector_worker_meta
-        if isinstance(meta, KvfenceWorkerMeta):
-            for event, _subject, _detail in meta.events:
-                EVENTS.labels(event=event).inc()
+        events = meta.events if isinstance(meta, KvfenceWorkerMeta) else ()
+        if self._kvf_pool is not None:
+            for event, subject, detail in events:
+                if event == "quarantine" and detail.startswith(_SEND):
+                    self._kvf_pin(subject)
+                elif event == "released_after_quarantine":
+                    # (Also when the worker had not yet heard of the pin: it then lets
+                    # vLLM report the request, which frees the rest of its references.)
+                    self._kvf_unpin(subject)
+        super().update_connector_output(connector_output)  # type: ignore[misc]
+        if self._kvf_pool is not None and self._kvf_blocks:
+            for req_id in connector_output.finished_sending or ():
+                self._kvf_blocks.pop(req_id, None)
+            for req_id in connector_output.finished_recving or ():
+                self._kvf_blocks.pop(req_id, None)
+        for event, _subject, _detail in events:
+            EVENTS.labels(event=event).inc()
 
 
 class KvfenceNixlConnector(_KvfenceConnectorMixin, NixlPullConnector):

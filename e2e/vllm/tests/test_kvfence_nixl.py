@@ -641,6 +641,24 @@ def test_live_handles_released_before_their_descriptors(
 # -------------------------------------------------- quarantine, then a late proof of drain
 
 
+def _pool(pd: PD) -> Any:
+    return pd.sched.kv_cache_manager.block_pool
+
+
+def _quarantined_prefill(pd: PD) -> Tuple[str, List[int], int]:
+    """A finished prefill whose lease lapses and whose decode never reports within
+    ``kvfence_quarantine_after_s``: returns the request, its blocks and the pool's free
+    block count before it was admitted (the idle value)."""
+    idle = _pool(pd).get_num_free_blocks()
+    rid = _finished_prefill(pd)
+    (blocks,) = pd.sched.kv_cache_manager.get_block_ids(rid)
+    time.sleep(1.1)
+    pd.steps(3)
+    time.sleep(0.4)
+    pd.steps(3)
+    return rid, list(blocks), idle
+
+
 @patch(BASE_WORKER, FakeNixlWrapper)
 def test_late_notification_frees_a_quarantined_room(
     default_vllm_config: Any, dist_init: Any
@@ -649,21 +667,51 @@ def test_late_notification_frees_a_quarantined_room(
     ``kvfence_quarantine_after_s``: the blocks are quarantined. Then the decode's
     completion notification arrives: the READ has ended, which is the proof the
     quarantine waited for. Before the fix the notification was dropped ("unrecognized")
-    and the blocks were lost for good; stock frees them at the lapse."""
+    and the blocks were lost for good; stock frees them at the lapse. Counted from vLLM's
+    own block pool (free blocks back to the idle value)."""
     pd = PD("kv_producer", {"kv_lease_duration": 1, "kvfence_quarantine_after_s": 0.3})
     quarantines = _event_count("quarantine")
-    rid = _finished_prefill(pd)
-    time.sleep(1.1)
-    pd.steps(3)
-    time.sleep(0.4)
-    pd.steps(3)
-    assert pd.frees(rid) == 0, "blocks freed without any proof that the READ ended"
+    rid, blocks, idle = _quarantined_prefill(pd)
+    assert _pool(pd).get_num_free_blocks() == idle - len(blocks), (
+        "blocks back in the pool without any proof that the READ ended"
+    )
     if KVFENCE:  # counted in the scheduler, from the worker's connector metadata
         assert _event_count("quarantine") == quarantines + 1, "nothing was quarantined"
     notifs = [{"decode-agent": [f"{rid}:1".encode()]}]
     pd.worker.nixl_wrapper.get_new_notifs = lambda: notifs.pop() if notifs else {}
     pd.steps(3)
-    assert pd.frees(rid) == 1, "the late completion did not free the quarantined blocks"
+    assert _pool(pd).get_num_free_blocks() == idle, "the late completion did not free the blocks"
+    assert pd.frees(rid) == 1
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_quarantined_blocks_are_pinned_not_the_request(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """A quarantined prefill request no longer lives for ever in the scheduler: kvfence's
+    scheduler-side connector pins its blocks through vLLM's own ``bind_gpu_block_pool``
+    (a reference of its own, their prefix hashes dropped), the worker then reports the
+    request sent, and the scheduler frees the request (not the blocks). Before: the
+    request was never reported (``frees == 0``, the ``Request`` kept for ever)."""
+    pd = PD("kv_producer", {"kv_lease_duration": 1, "kvfence_quarantine_after_s": 0.3})
+    rid, blocks, idle = _quarantined_prefill(pd)
+    pd.steps(3)
+    assert pd.frees(rid) == 1 and rid not in pd.sched.requests, "the quarantined request lives on"
+    pool = _pool(pd)
+    assert pool.get_num_free_blocks() == idle - len(blocks), "quarantined blocks went back"
+    for b in blocks:
+        assert pool.blocks[b].ref_cnt >= 1 and pool.blocks[b].block_hash is None, (
+            f"block {b}: ref_cnt {pool.blocks[b].ref_cnt}, hash {pool.blocks[b].block_hash}"
+        )
+    # More requests than the free blocks: the pinned blocks are never handed out.
+    for _ in range(3):
+        other = _finished_prefill(pd)
+        (got,) = pd.sched.kv_cache_manager.get_block_ids(other)
+        assert not set(got) & set(blocks), "a pinned block was handed to another request"
+    notifs = [{"decode-agent": [f"{rid}:1".encode()]}]
+    pd.worker.nixl_wrapper.get_new_notifs = lambda: notifs.pop() if notifs else {}
+    pd.steps(3)
+    assert all(pool.blocks[b].ref_cnt == 0 for b in blocks), "the late completion left a pin"
 
 
 # ------------------------------------------------------------- the blast radius of a -1
