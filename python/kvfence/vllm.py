@@ -268,6 +268,14 @@ class _Xfer:
 
 _SEND = "send"
 _RECV = "recv"
+
+
+def _is_handle(key: Any) -> bool:
+    """Whether a key of ``_kvf_xfers`` is a NIXL transfer handle (real NIXL: a
+    ``nixl_xfer_handle`` object; vLLM's ``FakeNixlWrapper``: an ``int``) rather than one of
+    kvfence's own keys, which are all tuples (``(side, req)``, ``("posting", ...)``,
+    ``("failed", ...)``)."""
+    return not isinstance(key, tuple)
 _INF = float("inf")
 
 
@@ -493,7 +501,7 @@ class _KvfenceWorkerMixin:
             xf = _Xfer(x, req_id, side, engine, rank, time.perf_counter())
             self._kvf_xfers.pop(key, None)  # (a reused key goes to the end: t0 order)
             self._kvf_xfers[key] = xf
-            if isinstance(key, int):
+            if _is_handle(key):
                 self._kvf_handles.setdefault((side, req_id), []).append(key)
             return xf
 
@@ -626,7 +634,7 @@ class _KvfenceWorkerMixin:
             pending = [
                 (k, xf)
                 for k, xf in self._kvf_xfers.items()
-                if xf.rank == rank and not xf.released and isinstance(k, int)
+                if xf.rank == rank and not xf.released and _is_handle(k)
             ]
         ok = True
         for key, xf in pending:
@@ -656,7 +664,7 @@ class _KvfenceWorkerMixin:
         """After a fence: drop a NIXL handle of the fenced peer from vLLM's tables and
         mark its request failed, so that vLLM reports it once its room is released."""
         if xf.side == _RECV:
-            if isinstance(key, int):
+            if _is_handle(key):
                 handles = self._recving_transfers.get(xf.req_id)
                 if handles is not None and key in handles:
                     handles.remove(key)
@@ -1239,7 +1247,7 @@ class KvfencePushWorker(_KvfenceWorkerMixin, NixlPushConnectorWorker):
         # _sending_transfers is shared with the writer thread: vLLM's lock, taken here on
         # the step thread holding no kvfence lock (the order: vLLM's locks, then kvfence's).
         with self._sending_transfers_lock:
-            if isinstance(key, int):
+            if _is_handle(key):
                 handles = self._sending_transfers.get(xf.req_id)
                 if handles is not None and key in handles:
                     handles.remove(key)

@@ -793,3 +793,42 @@ def test_failed_read_gives_the_prefill_its_blocks_back(
     prefill.worker.nixl_wrapper.get_new_notifs = lambda: inbox.pop() if inbox else {}
     prefill.steps(3)
     assert prefill.frees(prid) == 1, "the prefill's blocks did not come back"
+
+
+# ------------------------------------------------- what real NIXL hands out: handle objects
+
+
+class _Handle:
+    """What real NIXL's ``make_prepped_xfer`` returns: an object (``nixl_xfer_handle``),
+    not the ``int`` of vLLM's ``FakeNixlWrapper``."""
+
+    __slots__ = ("h",)
+
+    def __init__(self, h: int) -> None:
+        self.h = h
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its bookkeeping of NIXL handles")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_read_completes_with_real_nixl_handle_objects(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """Found on the real server (e2e/serve): kvfence told its own keys from NIXL handles by
+    ``isinstance(key, int)``; real NIXL handles are objects, so a completed READ never
+    completed its transfer and every decode request waited for ever. Here the fake
+    wrapper hands out objects: the READ completes and the request leaves
+    WAITING_FOR_REMOTE_KVS, its handle released once."""
+    pd = PD("kv_consumer")
+    w = pd.worker.nixl_wrapper
+    make, check, release = w.make_prepped_xfer, w.check_xfer_state, w.release_xfer_handle
+    w.make_prepped_xfer = lambda *a, **k: _Handle(make(*a, **k))
+    w.check_xfer_state = lambda h: check(h.h)
+    w.release_xfer_handle = lambda h: release(h.h)
+    (rid,) = _decode_with_read(pd, cycles=3)
+    assert all(isinstance(h, _Handle) for h in pd.worker._recving_transfers[rid])
+    pd.steps(30, until=lambda: pd.sched.requests[rid].status != RequestStatus.WAITING_FOR_REMOTE_KVS,
+             sleep=0.01)
+    assert pd.sched.requests[rid].status != RequestStatus.WAITING_FOR_REMOTE_KVS, (
+        "the READ completed but kvfence never released the request's room"
+    )
+    assert sum(1 for e in pd.log if e[0] == "release") == 1
