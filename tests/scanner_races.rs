@@ -11,7 +11,28 @@
 //! many times, and *count how often the racy window was actually hit*: two calls whose
 //! executions overlapped in time (each call is bracketed by tickets from one `SeqCst`
 //! counter). Each test prints its count (`cargo test --test scanner_races -- --nocapture`)
-//! and fails if the window was never hit, so a run that raced nothing cannot pass silently.
+//! but never fails for a window not hit: whether the threads overlapped is a timing of the
+//! box (under load 9-13 one run in 24 raced nothing), not a bug (issue 42, item 3). A test
+//! fails only when a race went wrong. That each window is *reachable* is asserted by a
+//! deterministic check instead: the shuttle model of the same race counts the executions
+//! that hit the window and fails if none did, under fixed seeds (`shuttle-tests/`,
+//! its `shuttle-window` line):
+//!
+//! | test here | shuttle model (window asserted there) |
+//! |---|---|
+//! | `fence_then_readmit_...` | `fence_vs_readmit_then_open` (fence_readmit.rs) |
+//! | `fence_vs_open_...` | `fence_vs_open` (scanners.rs) |
+//! | `wait_released_vs_release_...` | `wait_released_vs_release` (scanners.rs) |
+//! | `wait_idle_vs_releases_...` | `wait_idle_vs_releases` (scanners.rs) |
+//! | `stats_vs_lifecycles_...` | `stats_vs_lifecycles` (scanners.rs) |
+//! | `queue_drainers_vs_pushes_...` | `release_queue_two_drainers` (release_queue.rs) |
+//! | `fence_vs_failed_transfer_...` | `failed_transfer_vs_fence` (failed_transfer.rs) |
+//! | `failed_transfer_to_a_rank_that_stayed_fenced_...` | `fail_vs_readmit_and_fence_of_other_ranks` (fenced_set.rs) |
+//! | `quarantine_vs_last_completion_...` | `quarantine_vs_last_completion` (quarantine.rs; both outcomes asserted there too) |
+//! | `finish_drained_vs_fence_...` | `finish_drained_vs_fence` (scanners.rs) |
+//!
+//! The mutations of `scripts/mutations.sh` are still caught here: a mutated build fails
+//! with the race's own assertion message, never with a "window not hit" one.
 //!
 //! They were first written against the API before issue 10 (with `Config::new` and
 //! `RankSet`), and that version failed on the library before issue 9's fixes (see the
@@ -227,15 +248,20 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
+/// Prints how often the racy window was hit. Never fails: a window not hit is a timing
+/// (the threads did not overlap on this box, this time), not a bug; the window's
+/// reachability is asserted by the race's shuttle model (see the module docs).
 fn report(test: &str, hits: usize, runs: usize) {
     println!("scanner-race {test}: racy window hit in {hits} of {runs} iterations");
-    assert!(
-        hits > 0,
-        "{test}: the racy window was never hit in {runs} iterations (at least {:?} of \
-         racing; {} CPUs available): the test raced nothing",
-        EXTEND * scale() as u32,
-        std::thread::available_parallelism().map_or(0, |n| n.get())
-    );
+    if hits == 0 {
+        println!(
+            "scanner-race {test}: NOTE the racy window was never hit in {runs} iterations \
+             (at least {:?} of racing; {} CPUs available): this run raced nothing (not a \
+             failure: the shuttle model asserts the window is reachable)",
+            EXTEND * scale() as u32,
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+    }
 }
 
 /// Finding 1 of issue 9: a room opened after `readmit_rank(r)` returned, while an earlier
@@ -877,10 +903,8 @@ fn quarantine_vs_last_completion_is_decided_by_one_step() {
     if let Some(m) = wrong {
         panic!("{m}");
     }
-    assert!(
-        quarantined > 0 && refused > 0,
-        "only one side ever won: the race was never balanced"
-    );
+    // Which side won is a timing too: printed above, not asserted (the shuttle model
+    // asserts that both outcomes are reachable).
     report("quarantine_vs_last_completion", hits, runs);
 }
 

@@ -17,7 +17,9 @@ const PAGES: usize = 2;
 /// The transfer's peer rank (its transport carries the transfer).
 const PEER: u32 = 1;
 
-fn model() {
+/// Window (asserted reachable, `common::check_windows`): the transfer's `fail()`
+/// overlapped `fence_rank(PEER)`.
+fn model(w: &common::Window) {
     let t = pool(ROOMS, PAGES);
     let pages = Pages::new(PAGES);
     let log = common::log();
@@ -29,10 +31,10 @@ fn model() {
     let mut threads = Vec::new();
     // The transfer engine reports an error: the transfer ends as failed.
     {
-        let (t, pages, log) = (t.clone(), pages.clone(), log.clone());
+        let (t, pages, log, w) = (t.clone(), pages.clone(), log.clone(), w.clone());
         threads.push(thread::spawn(move || {
             // Released only if the peer was fenced already and this was the last hold.
-            if let Some(r) = transfer.fail() {
+            if let Some(r) = w.timed(0, || transfer.fail()) {
                 reuse(&t, &pages, r, &log);
             }
         }));
@@ -42,7 +44,7 @@ fn model() {
     let teardown = Arc::new(AtomicBool::new(false));
     {
         let (t, pages, log, a_pages) = (t.clone(), pages.clone(), log.clone(), a.pages.clone());
-        let teardown = teardown.clone();
+        let (teardown, w) = (teardown.clone(), w.clone());
         threads.push(thread::spawn(move || {
             loop {
                 let stop = teardown.load(Ordering::SeqCst);
@@ -52,7 +54,7 @@ fn model() {
                 }
                 thread::yield_now();
             }
-            let fenced = t.fence_rank(PEER).unwrap();
+            let fenced = w.timed(1, || t.fence_rank(PEER).unwrap());
             for r in fenced.released {
                 reuse(&t, &pages, r, &log);
             }
@@ -84,6 +86,7 @@ fn model() {
     for th in threads {
         th.join().unwrap();
     }
+    w.hit(0, w.overlap(0, 1));
     common::exactly_one(&log, h);
     common::assert_at_rest(&t, ROOMS, Some(PAGES));
     assert!(t.readmit_rank(PEER).unwrap());
@@ -91,5 +94,12 @@ fn model() {
 
 #[test]
 fn failed_transfer_vs_fence() {
-    common::check("failed_transfer_vs_fence", 120000, 120000, 3, model);
+    common::check_windows(
+        "failed_transfer_vs_fence",
+        120000,
+        120000,
+        3,
+        &["fail_overlapped_the_fence"],
+        model,
+    );
 }

@@ -19,7 +19,12 @@ use shuttle::thread;
 const ROOMS: usize = 4;
 const PAGES: usize = 6;
 
-fn model() {
+/// Window (asserted reachable, `common::check_windows`): the successful `readmit_rank(0)`
+/// began while the fence was still running (it had not returned before the call), as in
+/// `tests/scanner_races.rs`. (Not "the open returned before the fence did": readmit waits
+/// for a running fence scan, so that is unreachable by design; it is what the mutation
+/// `kvfence_unserialized_readmit` makes possible.)
+fn model(w: &common::Window) {
     let t = pool(ROOMS, PAGES);
     let pages = Pages::new(PAGES);
     let log = common::log();
@@ -28,11 +33,15 @@ fn model() {
         pages.own(&bg.pages, life(bg.handle));
     }
 
+    // Set once the fence returned (a std atomic: no scheduling point).
+    let fence_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The transport of rank 0 is torn down: fence it (the scan walks the 4 rooms).
     let fencer = {
         let (t, pages, log) = (t.clone(), pages.clone(), log.clone());
+        let fence_done = fence_done.clone();
         thread::spawn(move || {
             let fenced = t.fence_rank(0).unwrap();
+            fence_done.store(true, std::sync::atomic::Ordering::SeqCst);
             // The only room naming rank 0 is the one opened after `readmit_rank(0)`
             // returned: the scan must never reach it.
             assert_eq!(
@@ -48,9 +57,14 @@ fn model() {
 
     // Rank 0 reconnects: readmit it as soon as the fence has set its bit (the scan may then
     // still be running), then open a room for its new transport.
-    while !t.readmit_rank(0).unwrap() {
+    let during_fence = loop {
+        let before = fence_done.load(std::sync::atomic::Ordering::SeqCst);
+        if t.readmit_rank(0).unwrap() {
+            break !before;
+        }
         thread::yield_now();
-    }
+    };
+    w.hit(0, during_fence);
     let room = match t.open(&[0], 2) {
         Ok(room) => room,
         // Refused: the open saw the fence's work (its own re-check): nothing was handed out.
@@ -90,5 +104,12 @@ fn model() {
 
 #[test]
 fn fence_vs_readmit_then_open() {
-    common::check("fence_vs_readmit_then_open", 160000, 160000, 3, model);
+    common::check_windows(
+        "fence_vs_readmit_then_open",
+        160000,
+        160000,
+        3,
+        &["readmit_during_the_fence"],
+        model,
+    );
 }

@@ -16,7 +16,9 @@ use kvfence::{Config, Reason, RoomTable};
 use shuttle::sync::Arc;
 use shuttle::thread;
 
-fn model() {
+/// Window (asserted reachable, `common::check_windows`): `fail()` (the lock-free read of
+/// the fenced set) overlapped a `readmit_rank` of another rank.
+fn model(w: &common::Window) {
     let t = Arc::new(RoomTable::new(Config::gate(2).max_fenced(3).max_tokens(2)).unwrap());
     // Rank 0 first, rank 1 second: rank 1 in the last entry (the one a pre-fix readmit
     // moves).
@@ -29,11 +31,11 @@ fn model() {
     // The failure detector: rank 0 reconnects, rank 2 goes down, rank 2 reconnects, rank 0
     // goes down again. Rank 1 is never touched.
     let detector = {
-        let t = t.clone();
+        let (t, w) = (t.clone(), w.clone());
         thread::spawn(move || {
-            assert!(t.readmit_rank(0).unwrap());
+            assert!(w.timed(1, || t.readmit_rank(0)).unwrap());
             let a = t.fence_rank(2).unwrap();
-            assert!(t.readmit_rank(2).unwrap());
+            assert!(w.timed(2, || t.readmit_rank(2)).unwrap());
             let b = t.fence_rank(0).unwrap();
             for f in [a, b] {
                 assert!(f.released.is_empty() && f.failed_ended == 0, "{f:?}");
@@ -52,9 +54,10 @@ fn model() {
         })
     };
     // The transfer engine: the transfer to rank 1 failed (rank 1's transport is gone).
-    let released = transfer.fail();
+    let released = w.timed(0, || transfer.fail());
     detector.join().unwrap();
     monitor.join().unwrap();
+    w.hit(0, w.overlap(0, 1) || w.overlap(0, 2));
     let r = released.unwrap_or_else(|| {
         panic!(
             "fail() of a transfer to rank 1, fenced the whole time, was registered instead \
@@ -69,11 +72,12 @@ fn model() {
 
 #[test]
 fn fail_vs_readmit_and_fence_of_other_ranks() {
-    common::check(
+    common::check_windows(
         "fail_vs_readmit_and_fence_of_other_ranks",
         20000,
         20000,
         3,
+        &["fail_overlapped_a_readmit"],
         model,
     );
 }

@@ -14,7 +14,11 @@ mod common;
 use kvfence::{Error, Quiesced, Reason, RoomTable};
 use shuttle::thread;
 
-fn model() {
+/// Windows (asserted reachable, `common::check_windows`): room 1's quarantine overlapped
+/// its transfer's completion; a quarantine won (`Ok`, released as `Quarantined`); a
+/// completion won (refused, released as `Finished`). The real-thread test of
+/// `tests/scanner_races.rs` only reports which side won how often.
+fn model(w: &common::Window) {
     let t = common::gate(2, false);
     let h = t.open_gate(&[], 7, vec![3]).unwrap();
     let transfer = RoomTable::begin_transfer_owned(&t, h, None).unwrap();
@@ -24,11 +28,14 @@ fn model() {
     let transfer2 = RoomTable::begin_transfer_owned(&t, h2, None).unwrap();
     assert!(t.finish(h2).unwrap().is_none());
 
-    let engine = thread::spawn(move || {
-        let a = transfer.complete();
-        let b = transfer2.complete();
-        (a, b)
-    });
+    let engine = {
+        let w = w.clone();
+        thread::spawn(move || {
+            let a = w.timed(1, || transfer.complete());
+            let b = transfer2.complete();
+            (a, b)
+        })
+    };
     let rank0 = {
         let t = t.clone();
         thread::spawn(move || match t.quiesce(h2, 0) {
@@ -37,10 +44,11 @@ fn model() {
             other => panic!("rank 0's ACK: {other:?}"),
         })
     };
-    let q1 = t.quarantine(h);
+    let q1 = w.timed(0, || t.quarantine(h));
     let q2 = t.quarantine(h2);
     let (a, b) = engine.join().unwrap();
     let c = rank0.join().unwrap();
+    w.hit(0, w.overlap(0, 1));
 
     let a = a.expect("the transfer was room 1's last hold: its completion releases it");
     let mut releases_2: Vec<_> = b.into_iter().chain(c).collect();
@@ -51,8 +59,11 @@ fn model() {
     let mut kept = 0;
     for (q, r) in [(q1, a), (q2, releases_2.pop().unwrap())] {
         match (&q, r.reason) {
-            (Ok(_), Reason::Quarantined) => kept += 1,
-            (Err(Error::StaleHandle), Reason::Finished) => {}
+            (Ok(_), Reason::Quarantined) => {
+                kept += 1;
+                w.hit(1, true);
+            }
+            (Err(Error::StaleHandle), Reason::Finished) => w.hit(2, true),
             (Err(Error::StaleHandle), Reason::Quarantined) => panic!(
                 "quarantine of {:?} was refused (StaleHandle), yet the release says \
                  Quarantined: the pages of a room that drained on its own are lost for good",
@@ -75,5 +86,16 @@ fn model() {
 
 #[test]
 fn quarantine_vs_last_completion() {
-    common::check("quarantine_vs_last_completion", 20000, 20000, 3, model);
+    common::check_windows(
+        "quarantine_vs_last_completion",
+        20000,
+        20000,
+        3,
+        &[
+            "quarantine_overlapped_the_completion",
+            "quarantine_won",
+            "completion_won",
+        ],
+        model,
+    );
 }

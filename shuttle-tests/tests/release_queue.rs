@@ -17,7 +17,9 @@ use shuttle::thread;
 
 const ROOMS: usize = 3;
 
-fn model() {
+/// Window (asserted reachable, `common::check_windows`): a drainer took a release while
+/// the ACK thread was still pushing (its loop had not returned).
+fn model(w: &common::Window) {
     let t = common::gate(ROOMS, true);
     // The engine's pages: room i has page i; `freed[p]` counts the engine's frees of page p.
     let freed: Arc<Vec<AtomicU64>> = Arc::new((0..ROOMS).map(|_| AtomicU64::new(0)).collect());
@@ -29,13 +31,16 @@ fn model() {
         assert_eq!(t.quiesce(h, 0).unwrap(), Quiesced::Recorded);
     }
     let done = Arc::new(AtomicBool::new(false));
+    // Set once the ACK thread pushed all (a std atomic: no scheduling point).
+    let pushed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The ACK thread: rank 1's ACKs, each the last thing its room waits on (queued).
     let acker = {
-        let (t, rooms) = (t.clone(), rooms.clone());
+        let (t, rooms, pushed) = (t.clone(), rooms.clone(), pushed.clone());
         thread::spawn(move || {
             for &h in &rooms {
                 assert_eq!(t.quiesce(h, 1).unwrap(), Quiesced::Queued);
             }
+            pushed.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     };
     // Two drainers (the scheduler loop and, say, a shutdown path) drain at the same time:
@@ -45,8 +50,10 @@ fn model() {
     let drainers: Vec<_> = (0..2)
         .map(|d| {
             let (t, done, freed) = (t.clone(), done.clone(), freed.clone());
+            let (w, pushed) = (w.clone(), pushed.clone());
             thread::spawn(move || {
                 let mut got = Vec::new();
+                let mut during = false;
                 loop {
                     let finished = done.load(Ordering::SeqCst);
                     let before = got.len();
@@ -55,6 +62,8 @@ fn model() {
                     } else {
                         t.drain_released(&mut got);
                     }
+                    during |=
+                        got.len() > before && !pushed.load(std::sync::atomic::Ordering::SeqCst);
                     for r in &got[before..] {
                         assert_eq!(r.reason, Reason::Aborted);
                         // The engine frees the release's pages.
@@ -68,6 +77,7 @@ fn model() {
                     }
                     thread::yield_now();
                 }
+                w.hit(0, during);
                 got
             })
         })
@@ -97,5 +107,12 @@ fn model() {
 
 #[test]
 fn release_queue_two_drainers() {
-    common::check("release_queue_two_drainers", 100000, 100000, 3, model);
+    common::check_windows(
+        "release_queue_two_drainers",
+        100000,
+        100000,
+        3,
+        &["drained_while_pushes_ran"],
+        model,
+    );
 }

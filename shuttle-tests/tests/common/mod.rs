@@ -92,7 +92,7 @@ impl Drop for OnFailure<'_> {
 /// uses weaker orderings on purpose; shuttle runs every atomic as `SeqCst`, see the README).
 /// A failing schedule panics (shuttle prints it for `shuttle::replay`), after the line
 /// `shuttle-fail <name>: scheduler=<s> seed=<seed> failed at iteration=<k> time=<t>s`.
-pub fn run_with<F>(name: &str, sched: Sched, iterations: usize, f: F)
+pub fn run_with<F>(name: &str, sched: Sched, iterations: usize, f: F) -> usize
 where
     F: Fn() + Send + Sync + 'static,
 {
@@ -132,6 +132,7 @@ where
         "shuttle-test {name}: scheduler={sched} iterations={n} time={:.2}s seed={seed}",
         start.elapsed().as_secs_f64()
     );
+    n
 }
 
 fn run_on<S, F>(scheduler: S, config: shuttle::Config, f: F) -> usize
@@ -169,6 +170,153 @@ where
     }
     if only != "random" {
         run_with(name, Sched::Pct(depth), pct, move || g());
+    }
+}
+
+/// A call's span: the tickets taken right before and right after it (one global order,
+/// [`Window::timed`]).
+pub type Span = (u64, u64);
+
+/// How many span slots a model may record per execution ([`Window::timed`]).
+const SLOTS: usize = 4;
+
+/// The racy windows of one model (issue 42, item 3): the real-thread tests of
+/// `tests/scanner_races.rs` only *report* how often their threads hit a race's window (a
+/// timing of the box); the assertion that the window is reachable lives here, in the
+/// shuttle model of the same race, where it is deterministic (fixed seeds).
+/// [`check_windows`] runs the model like [`check`] and fails a scheduler run in which a
+/// window was never hit.
+///
+/// Everything here is a `std` atomic, not a shuttle one: it is no scheduling point, so
+/// counting changes neither the schedules explored nor the iteration at which a mutation
+/// is caught.
+#[derive(Clone)]
+pub struct Window {
+    ticket: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Per execution: each slot's span, `[start, end]` (reset before every execution).
+    spans: std::sync::Arc<[[std::sync::atomic::AtomicU64; 2]; SLOTS]>,
+    /// Per window: how many times it was hit, over every execution so far.
+    hits: std::sync::Arc<Vec<AtomicUsize>>,
+}
+
+impl Window {
+    fn new(windows: usize) -> Self {
+        Self {
+            ticket: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            spans: std::sync::Arc::new(Default::default()),
+            hits: std::sync::Arc::new((0..windows).map(|_| AtomicUsize::new(0)).collect()),
+        }
+    }
+
+    fn reset(&self) {
+        for slot in self.spans.iter() {
+            for end in slot {
+                end.store(0, StdOrdering::SeqCst);
+            }
+        }
+    }
+
+    fn ticket(&self) -> u64 {
+        self.ticket.fetch_add(1, StdOrdering::SeqCst)
+    }
+
+    /// Runs `f`, recording its span in `slot` (a call that did not run this execution has
+    /// no span: it overlaps nothing).
+    pub fn timed<R>(&self, slot: usize, f: impl FnOnce() -> R) -> R {
+        let start = self.ticket();
+        let r = f();
+        let end = self.ticket();
+        self.spans[slot][0].store(start, StdOrdering::SeqCst);
+        self.spans[slot][1].store(end, StdOrdering::SeqCst);
+        r
+    }
+
+    /// The span recorded in `slot` this execution, if any.
+    pub fn span(&self, slot: usize) -> Option<Span> {
+        let s = &self.spans[slot];
+        let span = (
+            s[0].load(StdOrdering::SeqCst),
+            s[1].load(StdOrdering::SeqCst),
+        );
+        (span.1 != 0).then_some(span)
+    }
+
+    /// Whether the calls recorded in slots `a` and `b` overlapped: each began before the
+    /// other ended, so shuttle switched threads inside one of them and the other ran
+    /// there.
+    pub fn overlap(&self, a: usize, b: usize) -> bool {
+        match (self.span(a), self.span(b)) {
+            (Some(a), Some(b)) => a.0 < b.1 && b.0 < a.1,
+            _ => false,
+        }
+    }
+
+    /// Counts one hit of window `window` if `hit`.
+    pub fn hit(&self, window: usize, hit: bool) {
+        if hit {
+            self.hits[window].fetch_add(1, StdOrdering::Relaxed);
+        }
+    }
+
+    fn hits(&self) -> Vec<usize> {
+        self.hits
+            .iter()
+            .map(|h| h.load(StdOrdering::Relaxed))
+            .collect()
+    }
+}
+
+/// [`check`], and each of `windows` (named, indexed as in [`Window::hit`]) must be hit at
+/// least once under each scheduler: prints
+/// `shuttle-window <name>: scheduler=<s> <window>=<hits> ... iterations=<n>` and fails if
+/// a window was never hit (the model no longer reaches the race it is for). Deterministic:
+/// the seeds are fixed (see [`check`]).
+pub fn check_windows<F>(name: &str, random: usize, pct: usize, depth: usize, windows: &[&str], f: F)
+where
+    F: Fn(&Window) + Send + Sync + 'static,
+{
+    let w = Window::new(windows.len());
+    let body = {
+        let w = w.clone();
+        std::sync::Arc::new(move || {
+            w.reset();
+            f(&w)
+        })
+    };
+    if std::env::var("KVFENCE_SHUTTLE_REPLAY").is_ok() {
+        let body = body.clone();
+        check(name, random, pct, depth, move || body());
+        return;
+    }
+    let only = std::env::var("KVFENCE_SHUTTLE_ONLY").unwrap_or_default();
+    let mut scheds = Vec::new();
+    if only != "pct" {
+        scheds.push((Sched::Random, random));
+    }
+    if only != "random" {
+        scheds.push((Sched::Pct(depth), pct));
+    }
+    for (sched, iterations) in scheds {
+        let before = w.hits();
+        let body = body.clone();
+        let n = run_with(name, sched, iterations, move || body());
+        let hits: Vec<usize> = w.hits().iter().zip(&before).map(|(a, b)| a - b).collect();
+        let counts: Vec<String> = windows
+            .iter()
+            .zip(&hits)
+            .map(|(window, k)| format!("{window}={k}"))
+            .collect();
+        println!(
+            "shuttle-window {name}: scheduler={sched} {} iterations={n}",
+            counts.join(" ")
+        );
+        for (window, k) in windows.iter().zip(&hits) {
+            assert!(
+                *k > 0,
+                "{name}: scheduler={sched}: the window `{window}` was never hit in {n} \
+                 executions: the model no longer reaches the race it is for"
+            );
+        }
     }
 }
 
