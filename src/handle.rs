@@ -34,18 +34,37 @@
 //! and a party that reads handles off the wire can recover the key. Handles travel between
 //! the processes of one serving cluster; authenticating them is the transport's job.
 //!
-//! **ABA bound.** A stale handle (an earlier lifecycle of the same room, with a valid
-//! check) is refused because its generation differs from the room's. It could only be
-//! mistaken for a live one if the room went through exactly 2^32 lifecycles (or a multiple)
-//! while the stale message was in flight. How fast one room's generation moves depends on
-//! how full the table is: claims rotate through the free room indices (see `bitmap.rs`),
-//! so with most rooms free one room advances about once per `rooms` opens of the table
-//! (a 1024-room table at one million opens per second wraps a room after
-//! 2^32 * 1024 / 10^6 s, about 50 days). In a nearly full table the few free indices are
-//! reused for every open, and one room can advance once per open: the bound is then
-//! `2^32 / open rate`, about 72 minutes at one million opens per second, and 50 days at
-//! a thousand per second (a realistic serving rate). A transfer intent or ACK delayed by
-//! even the shorter bound is far beyond any transport's lifetime.
+//! **ABA bound (generations are 32-bit).** A stale handle (an earlier lifecycle of the same
+//! room, with a valid check) is refused because its generation differs from the room's. It
+//! is accepted again, as the live lifecycle's, if the room went through exactly 2^32
+//! lifecycles (or a multiple) while the stale handle was kept: the generation wraps. How
+//! fast one room's generation moves depends on how full the table is: claims rotate
+//! through the free room indices (see `bitmap.rs`), so with most rooms free one room
+//! advances about once per `rooms` opens of the table; in a nearly full table the few free
+//! indices take every open, and one room can advance once per open.
+//!
+//! Measured (issue 42, item 6): the fastest one room can advance is one thread cycling a
+//! 1-room table, open + finish back to back: 107.5 ns per lifecycle in gate mode
+//! (`open_gate` + `finish`), 206 ns in pool mode (`open` of 1 page + `finish`), on the
+//! project's 2-core box (Intel Xeon, 2 vCPUs) at load average 8-9 from other work (best of
+//! five 0.4 s timed loops). So **2^32 lifecycles of one room take at least 7.7 minutes**
+//! (gate; 14.7 minutes in pool mode): a handle kept that long by a table cycling one room
+//! flat out can be accepted again. With rotation over a 1024-room table the same rate
+//! wraps a room after 1024 times as long (about 5.5 days); at a realistic serving rate
+//! (10^3 opens/s) even the worst case is 2^32 / 10^3 s, about 50 days.
+//!
+//! A [`TransferToken`](crate::TransferToken) has the same form and the same bound per
+//! token slot: each `end` advances its slot's 32-bit generation. Cycling one slot
+//! (`begin` + `end` on a 1-slot table, same box, measured while this box also ran two of
+//! the project's test suites, load 6-9) took 110.6 ns, so **2^32 cycles of one token slot
+//! take about 8 minutes** (less on an idle core). A stale token is one already ended:
+//! ending it again after exactly 2^32 `begin`/`end` cycles of its slot would end the live
+//! transfer there.
+//!
+//! kvfence relies on no handle or token outliving that bound: a transfer intent, ACK or
+//! token is used within a transfer's lifetime (seconds), and a stale one is expected only
+//! from a late or duplicate message of that time scale. An integrator that stores handles
+//! for longer (minutes, under a table cycled at full speed) must drop them instead.
 
 /// The largest room table (room indices must fit the handle's index field; the bound
 /// comes from the room bitmap and page indices, not from the 32-bit field).
