@@ -76,25 +76,14 @@ PY
     tv=$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)
     [ "$tv" = "$TORCH_VERSION" ] || { log "torch is '$tv', expected $TORCH_VERSION"; exit 1; }
 
-    if [ ! -d "$ENV/vllm-src/tests/v1/kv_connector/unit" ]; then
-        log "fetching the vllm==$VLLM_VERSION sdist for its tests/"
-        dl=$(mktemp -d)
-        (cd "$dl" && VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
-            "$py" -m pip download -q --no-deps --no-binary :all: \
-            --no-build-isolation "vllm==$VLLM_VERSION" -d "$dl") \
-            || unavailable "pip could not download the vllm==$VLLM_VERSION sdist"
-        rm -rf "$ENV/vllm-src.tmp" && mkdir -p "$ENV/vllm-src.tmp"
-        tar -xzf "$dl"/vllm-*.tar.gz -C "$ENV/vllm-src.tmp" --strip-components=1 \
-            "vllm-$VLLM_VERSION/tests" || { log "untar of tests/ failed"; exit 1; }
-        rm -rf "$ENV/vllm-src" && mv "$ENV/vllm-src.tmp" "$ENV/vllm-src"
-        rm -rf "$dl"
-    fi
+    fetch_vllm_tests "$py" "$VLLM_VERSION" "$ENV"
     "$py" "$here/make_hf_cache.py" "$ENV/hf" || { log "make_hf_cache.py failed"; exit 1; }
     touch "$ENV/.complete"
 }
 
-# install_kvfence VENV MODULE CARGO_TARGET
+# install_kvfence VENV MODULE CARGO_TARGET; fetch_vllm_tests PYTHON VERSION ENV
 . "$root/e2e/install-kvfence.sh"
+. "$here/fetch-tests.sh"
 
 if [ ! -f "$ENV/.complete" ]; then build_env; fi
 install_kvfence "$VENV" kvfence.vllm "$root/target"

@@ -90,32 +90,16 @@ PY
         setuptools-rust setuptools-scm wheel "maturin>=1.9,<2" mypy \
         || unavailable "pip could not install the test tools"
 
-    if [ ! -d "$ENV/vllm-src/tests/v1/kv_connector/unit" ]; then
-        log "fetching vllm==$VLLM_VERSION sdist for its tests/"
-        local dl
-        dl=$(mktemp -d)
-        # No build isolation: with it pip fetches torch again to prepare the metadata.
-        (cd "$dl" && VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
-            "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: \
-            --no-build-isolation "vllm==$VLLM_VERSION" -d "$dl") \
-            || unavailable "pip could not download the vllm==$VLLM_VERSION sdist"
-        local sd
-        sd=$(ls "$dl"/vllm-*.tar.gz 2>/dev/null | head -1)
-        [ -n "$sd" ] || { log "no sdist in $dl"; exit 1; }
-        rm -rf "$ENV/vllm-src.tmp" && mkdir -p "$ENV/vllm-src.tmp"
-        tar -xzf "$sd" -C "$ENV/vllm-src.tmp" --strip-components=1 "vllm-$VLLM_VERSION/tests" \
-            || { log "untar of tests/ failed"; exit 1; }
-        rm -rf "$ENV/vllm-src" && mv "$ENV/vllm-src.tmp" "$ENV/vllm-src"
-        rm -rf "$dl"
-    fi
+    fetch_vllm_tests "$VENV/bin/python" "$VLLM_VERSION" "$ENV"
 
     log "offline Hugging Face cache (facebook/opt-125m config + generated tokenizer)"
     "$VENV/bin/python" "$here/make_hf_cache.py" "$ENV/hf" || { log "make_hf_cache.py failed"; exit 1; }
     touch "$ENV/.complete"
 }
 
-# install_kvfence VENV MODULE CARGO_TARGET
+# install_kvfence VENV MODULE CARGO_TARGET; fetch_vllm_tests PYTHON VERSION ENV
 . "$root/e2e/install-kvfence.sh"
+. "$here/fetch-tests.sh"
 
 if [ ! -f "$ENV/.complete" ]; then build_env; fi
 install_kvfence "$VENV" kvfence.vllm "$root/target"

@@ -282,27 +282,10 @@ def test_push_write_in_progress_at_expiry(default_vllm_config: Any, dist_init: A
     """Push: the prefill's WRITE is still in progress when the lease lapses. vLLM reports
     the request done ("even if their WRITEs finish later") and frees the source blocks
     the WRITE is reading. kvfence frees them once the WRITE handle is DONE, once."""
-    pd = PD("kv_producer", {"kv_lease_duration": 1}, push=True)
-    rid = _finished_prefill(pd)
-    w = pd.worker
     # vLLM's writer posts one WRITE (its _xfer_blocks, with the descriptor plumbing that
     # register_kv_caches/handshake would set up stubbed as in vLLM's own push tests).
-    w.transfer_topo.block_size_ratio.return_value = 1
-    w._apply_prefix_caching = MagicMock(return_value=([[1]], [[1]]))
-    w._compute_desc_ids = MagicMock(return_value=[0])
-    _stub_descriptors(w)
-    w.nixl_wrapper._cycles_before_xfer_done = 10**9  # in progress
-    handle = w._xfer_blocks(
-        read_spec=ReadSpec(0, [[1]], [[1]]),
-        dst_engine_id="decode-engine",
-        request_id=rid,
-        remote_request_id="decode-req",
-        local_xfer_side_handle=1,
-        remote_xfer_side_handle=2,
-    )
-    assert handle is not None
-    with w._sending_transfers_lock:
-        w._sending_transfers[rid].append(handle)
+    pd, rid, _ = _push_prefill_with_write({"kv_lease_duration": 1})
+    w = pd.worker
     time.sleep(1.1)
     pd.steps(3)
     assert pd.frees(rid) == 0, "source blocks freed at expiry while the WRITE reads them"
