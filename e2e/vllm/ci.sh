@@ -4,7 +4,7 @@
 #   2. kvfence's own tests (tests/test_kvfence_nixl.py: real Scheduler, FakeNixlWrapper)
 #      against kvfence.vllm: each must pass;
 #   3. the same tests against stock vLLM (KVFENCE_SWAP=0): each must FAIL (the bug it is
-#      for is there);
+#      for is there); on the newest release only (KVFENCE_VLLM_STOCK, default 0.34.0);
 #   4. vLLM's own NIXL / P-D unit tests with kvfence's connector substituted (plugin
 #      kvfence_swap): by default the lease/abort/failure subset, with --all the whole set.
 #      A test listed in expected-failures.txt (it asserts a release on lease expiry) must
@@ -65,7 +65,14 @@ t0=$SECONDS
     "$root/python/kvfence/vllm.py") > "$out/$release/mypy.log" 2>&1
 echo "mypy_rc=$?" >> "$out/$release/mypy.log"
 KVFENCE_SWAP=1 pyt -p tests.conftest -p tests.v1.kv_connector.unit.conftest "$own" --junitxml="$out/$release/own.xml" > "$out/$release/own.log" 2>&1
-KVFENCE_SWAP=0 pyt -p tests.conftest -p tests.v1.kv_connector.unit.conftest "$own" --junitxml="$out/$release/stock.xml" > "$out/$release/stock.log" 2>&1
+# The same tests against stock vLLM (each must fail: the bug it is for is there), on the
+# newest release only (KVFENCE_VLLM_STOCK): the tests do not change between releases,
+# and this keeps CI's time in its budget.
+if [ "$release" = "${KVFENCE_VLLM_STOCK:-0.34.0}" ]; then
+    KVFENCE_SWAP=0 pyt -p tests.conftest -p tests.v1.kv_connector.unit.conftest "$own" --junitxml="$out/$release/stock.xml" > "$out/$release/stock.log" 2>&1
+else
+    echo "stock run on ${KVFENCE_VLLM_STOCK:-0.34.0} only" > "$out/$release/stock.log"
+fi
 t1=$SECONDS
 if [ $all = 1 ]; then
     KVFENCE_SWAP=1 pyt $SET -k "$HUB" --junitxml="$out/$release/vllm.xml" > "$out/$release/vllm.log" 2>&1
@@ -112,7 +119,8 @@ if own is not None:
     check("own tests collected", len(own) >= 7, "%d" % len(own))
     for t, r in sorted(own.items()):
         check("kvfence: " + t, r == "passed", r)
-stock = results("stock")
+import os
+stock = results("stock") if os.path.exists(out + "/stock.xml") else None
 if stock is not None:
     for t, r in sorted(stock.items()):
         if t == "test_swap_is_what_we_think":
