@@ -8,16 +8,7 @@
 #include <cstring>
 #include <thread>
 
-static int passed, failed;
-#define CHECK(cond)                                                                        \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            passed++;                                                                      \
-        } else {                                                                           \
-            failed++;                                                                      \
-            std::fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
-        }                                                                                  \
-    } while (0)
+#include "check.hpp"
 
 using namespace std::chrono_literals;
 

@@ -13,16 +13,7 @@
 #include <cstdio>
 #include <vector>
 
-static int passed, failed;
-#define CHECK(cond)                                                                        \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            passed++;                                                                      \
-        } else {                                                                           \
-            failed++;                                                                      \
-            std::fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
-        }                                                                                  \
-    } while (0)
+#include "check.hpp"
 
 int main() {
     kvfence::Table t = kvfence::Table::create(kvfence::Table::gate(8)).value(); // direct

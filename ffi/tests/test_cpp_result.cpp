@@ -19,16 +19,7 @@
 #include <new>
 #include <vector>
 
-static int passed, failed;
-#define CHECK(cond)                                                                        \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            passed++;                                                                      \
-        } else {                                                                           \
-            failed++;                                                                      \
-            std::fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
-        }                                                                                  \
-    } while (0)
+#include "check.hpp"
 
 // operator new, counted; failing on demand (fail_after: how many more succeed; -1: all).
 static long allocations;
