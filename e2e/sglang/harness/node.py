@@ -437,12 +437,28 @@ class Decode:
         if cmd.get("abort", True):
             dreq.kv_receiver.abort()
         budget, r2_by = cmd["budget"], cmd.get("r2_by", cmd["budget"] / 2)
+        r2_at, bad, overlap = self._race_r2([req], req, n, cmd, t0, budget, r2_by)
+        held = [e[0].req.rid for e in self.queue._deferred_releases]
+        in_queue = any(q is dreq for q in self.queue.queue)
+        if req.released_at is None and not in_queue and req.rid not in held and req.kv_pages:
+            self.quarantined.append(dreq)
+        return {"ok": True, "released_after": (req.released_at - t0) if req.released_at else None,
+                "r2_after": (r2_at - t0) if r2_at else None, "r2_bad_pages": bad,
+                "r2_reused_r1_pages": overlap, "still_held": held,
+                "in_queue": [q.req.rid for q in self.queue.queue]}
+
+    def _race_r2(self, reqs: List[Any], watched: Any, n: int, cmd: Dict[str, Any], t0: float,
+                 budget: float, r2_by: float) -> Any:
+        """The release path looped as process_decode_queue does, until ``budget``: from
+        ``r2_by`` on (or once ``watched`` is released), request R2 takes ``n`` free pages and
+        writes its own bytes. Returns when R2 started (or None), how many of its pages no
+        longer hold its bytes, and how many of them were R1's."""
         r2: Optional[List[int]] = None
         r2_at = None
         while time.time() - t0 < budget:
             self.queue.resolve_deferred_releases()
-            self.queue.pop_transferred(rids_to_check=[req.rid])
-            if r2 is None and (req.released_at is not None or time.time() - t0 >= r2_by):
+            self.queue.pop_transferred(rids_to_check=[r.rid for r in reqs])
+            if r2 is None and (watched.released_at is not None or time.time() - t0 >= r2_by):
                 if len(self.free) >= n:
                     r2 = [self.free.pop() for _ in range(n)]
                     fill_pages(self.kv, r2, cmd["r2_pattern"])
@@ -452,14 +468,7 @@ class Decode:
         overlap = len(set(r2 or []) & set(cmd.get("r1_pages", [])))
         if r2:
             self.free.extend(r2)
-        held = [e[0].req.rid for e in self.queue._deferred_releases]
-        in_queue = any(q is dreq for q in self.queue.queue)
-        if req.released_at is None and not in_queue and req.rid not in held and req.kv_pages:
-            self.quarantined.append(dreq)
-        return {"ok": True, "released_after": (req.released_at - t0) if req.released_at else None,
-                "r2_after": (r2_at - t0) if r2_at else None, "r2_bad_pages": bad,
-                "r2_reused_r1_pages": overlap, "still_held": held,
-                "in_queue": [q.req.rid for q in self.queue.queue]}
+        return r2_at, bad, overlap
 
     def abort_shared_room(self, cmd: Dict[str, Any]) -> Dict[str, Any]:
         """Two requests A and B on one bootstrap_room (a retry of A to another prefill
@@ -481,21 +490,7 @@ class Decode:
         self.mgr.handle_abort_ack_message(
             AbortAck(rb.bootstrap_room, 0, rb._abort_generation).to_zmq())
         budget, r2_by = cmd["budget"], cmd["r2_by"]
-        r2: Optional[List[int]] = None
-        r2_at = None
-        while time.time() - t0 < budget:
-            self.queue.resolve_deferred_releases()
-            self.queue.pop_transferred(rids_to_check=[a.req.rid, b.req.rid])
-            if r2 is None and (a.req.released_at is not None or time.time() - t0 >= r2_by):
-                if len(self.free) >= n:
-                    r2 = [self.free.pop() for _ in range(n)]
-                    fill_pages(self.kv, r2, cmd["r2_pattern"])
-                    r2_at = time.time()
-            time.sleep(0.001)
-        bad = pages_hold(self.kv, r2, cmd["r2_pattern"]) if r2 else 0
-        overlap = len(set(r2 or []) & set(cmd.get("r1_pages", [])))
-        if r2:
-            self.free.extend(r2)
+        r2_at, bad, overlap = self._race_r2([a.req, b.req], a.req, n, cmd, t0, budget, r2_by)
         held = [e[0].req.rid for e in self.queue._deferred_releases]
         for d in (a, b):
             in_queue = any(q is d for q in self.queue.queue)
