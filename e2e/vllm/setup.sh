@@ -23,7 +23,7 @@
 # if missing), then `pip install vllm==0.34.0` replaces what differs.
 #
 # Exit status: 0 ready; 77 a registry refused a package or the platform has no wheel
-# (callers print a NOTICE and skip); 1 anything else. ~10 GB, ~5 min on a fresh machine.
+# (callers print a NOTICE and skip); 1 anything else. ~10 GB; 8 min measured on a fresh 2-core machine (0.33.0; 0.34.0 reuses it: 4 min).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -60,7 +60,7 @@ build_env() {
     local pip="$VENV/bin/python -m pip"
     $pip install -q --upgrade pip >/dev/null 2>&1 || true
     if [ "$VLLM_VERSION" = 0.33.0 ]; then
-        log "pip install vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION; ~5 min, ~10 GB)"
+        log "pip install vllm==$VLLM_VERSION (pulls torch==$TORCH_VERSION; ~8 min on 2 cores, ~10 GB)"
         $pip install -q "vllm==$VLLM_VERSION" || unavailable "pip could not install vllm==$VLLM_VERSION"
     else
         # vllm 0.34.0 pins flashinfer-python==0.7.3, which no registry serves (PyPI has

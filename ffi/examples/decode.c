@@ -1,4 +1,4 @@
-/* The decode side of one request, in C: open, abort, ACKs, drain. (README "From C and C++";
+/* The decode side of one request, in C: open, abort, ACKs, drain. (docs/API.md, "From C and C++";
  * built and run by ffi/ci.sh through pkg-config and through CMake's find_package.) */
 #include <kvfence.h>
 #include <stdio.h>
