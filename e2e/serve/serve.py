@@ -5,16 +5,26 @@
 installed as a user installs it) one pair is started and every scenario runs on it; every
 answer is compared token for token with the ``transformers`` reference (``model.py``).
 
-Scenarios (vLLM, pull mode: the decode READs the prefill's blocks):
+Scenarios (vLLM, pull mode: the decode READs the prefill's blocks). Each racing scenario
+orders its events itself (it waits for the prefill's own log line and metrics, never for a
+guessed time), so one run shows the race or fails:
 
 * ``normal``: requests one after another through the router. The control: nothing races.
-* ``lease_lapse``: the router holds request A between its prefill and its decode for
-  longer than the prefill's lease (``LEASE_S``): the forcing is a proxy delay, which is
-  the race of a decode that reaches the prefill late (a stalled or overloaded decode, a
-  slow router). Meanwhile request B reaches the prefill, whose pool has room for one
-  prompt: stock frees A's blocks at the lapse and prefills B into them, and A's READ then
-  carries B's KV (A wrong from its first token, HTTP 200). kvfence holds A's blocks until
-  A's READ is done (B waits for blocks), so both are right.
+* ``lease_lapse``: the router holds request A between its prefill and its decode past the
+  prefill's lease (``LEASE_S``), a proxy delay: a decode that reaches the prefill late (a
+  slow router, a queue). Then B goes to the prefill, whose pool has room for one prompt;
+  A goes on to the decode only once the prefill has logged A's lapse **and** B has been
+  prefilled (stock: into A's freed blocks) or waits for blocks (kvfence:
+  ``vllm:num_requests_waiting`` >= 1). Stock: A's READ carries B's KV (A wrong from its
+  first token, HTTP 200). kvfence: A's blocks stay held until A's READ has ended.
+* ``decode_stall``: the same race from the other side: A reaches a decode engine stopped
+  with SIGSTOP (all three of its processes) and resumed with SIGCONT once B has taken A's
+  place; a stopped decode sends no heartbeat, so the lease lapses as it does for a
+  stalled host or a long pause.
+* ``client_disconnect``: six concurrent clients, every other one hanging up during its
+  prefill or its decode. Not a forced race: under load a lease can lapse on its own
+  (stock then may answer wrong), so stock is reported, not checked; kvfence must answer
+  right with every block back.
 
 Per scenario and rule: requests, wrong-token requests, HTTP errors, p50/p99 latency, and
 whether the prefill's KV usage (its own ``/metrics`` gauge) is back at its idle value.
@@ -25,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import signal
 import statistics
 import sys
 import threading
@@ -36,6 +48,7 @@ import vllm_pair
 from vllm_pair import LEASE_S, Pair
 
 USAGE = "vllm:kv_cache_usage_perc"
+WAITING = "vllm:num_requests_waiting"
 
 
 class Tally:
@@ -47,6 +60,8 @@ class Tally:
         self.errors = 0
         self.lat: List[float] = []
         self.first_wrong: List[int] = []
+        self.forced = 0  # runs whose forcing saw every event it waits for
+        self.cancelled = 0  # requests the client cancelled (client_disconnect)
 
     def check(self, got: Optional[List[int]], want: List[int], lat: float) -> None:
         self.requests += 1
@@ -63,7 +78,8 @@ class Tally:
         lat = sorted(self.lat)
         p = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
         return {"requests": self.requests, "wrong_tokens": self.wrong, "http_errors": self.errors,
-                "p50_s": p(0.5), "p99_s": p(0.99), "first_wrong_token": self.first_wrong}
+                "p50_s": p(0.5), "p99_s": p(0.99), "first_wrong_token": self.first_wrong,
+                "forced": self.forced, "cancelled": self.cancelled}
 
 
 def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, hold: float = 0.0) -> None:
@@ -81,7 +97,59 @@ def normal(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
         _go(pair, data, (run * 4 + k) % len(data["prompts"]), t)
 
 
+def _wait(cond: Any, timeout: float, what: str) -> bool:
+    """Polls ``cond`` until true (the forcing saw its event) or ``timeout`` (said, counted)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond():
+            return True
+        time.sleep(0.2)
+    print(f"    forcing: {what} not seen after {timeout:.0f} s", file=sys.stderr)
+    return False
+
+
+#: What the prefill logs when a lease lapses: stock frees the blocks, kvfence holds them.
+LAPSE_LOG = {"stock": "Releasing expired KV blocks", "kvfence": "kvfence: lease of request"}
+
+
+def _lapse_then_reuse(pair: Pair, data: Dict[str, Any], t: Tally, a: int, b: int,
+                      prefilled_at: float) -> Tuple[threading.Thread, bool]:
+    """The deterministic middle of both racing scenarios.
+
+    Waits out A's lease (counted from A's prefill), sends B through the router, and
+    returns once the race is set: the prefill has logged A's lapse (stock: its blocks
+    freed; kvfence: held) **and** B has been prefilled (stock: into A's blocks) or waits
+    for blocks in the prefill's queue (kvfence: ``vllm:num_requests_waiting`` >= 1). Only
+    then may A's READ start. Returns B's thread and whether every event was seen."""
+    log, mark = pair.prefill, LAPSE_LOG[pair.rule]
+    n0 = log.log_text().count(mark)
+    time.sleep(max(0.0, prefilled_at + LEASE_S + 0.5 - time.perf_counter()))
+    b_prefilled = threading.Event()
+
+    def run_b() -> None:
+        t0 = time.perf_counter()
+        try:
+            params = pair.prefill_step(data["prompts"][b])
+            b_prefilled.set()
+            out = pair.decode_step(data["prompts"][b], params, data["max_tokens"])
+        except Exception as e:
+            print(f"    request {b}: {e}", file=sys.stderr)
+            b_prefilled.set()
+            t.check(None, data["tokens"][b], 0.0)
+            return
+        t.check(out, data["tokens"][b], time.perf_counter() - t0)
+
+    bt = threading.Thread(target=run_b)
+    bt.start()  # B reaches the prefill: its step reaps A's lease
+    lapsed = _wait(lambda: log.log_text().count(mark) > n0, 120, f"the prefill's '{mark}'")
+    set_ = _wait(lambda: b_prefilled.is_set() or (pair.rule == "kvfence" and
+                                                  (log.metric(WAITING) or 0) >= 1),
+                 180, "B prefilled (stock) or B waiting for blocks (kvfence)")
+    return bt, lapsed and set_
+
+
 def lease_lapse(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """The router holds A past its lease; A goes to the decode once B has taken its place."""
     n = len(data["prompts"])
     a, b = (2 * run + 8) % n, (2 * run + 9) % n
     t0 = time.perf_counter()
@@ -91,10 +159,8 @@ def lease_lapse(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
         print(f"    request {a}: {e}", file=sys.stderr)
         t.check(None, data["tokens"][a], 0.0)
         return
-    time.sleep(LEASE_S + 1.0)  # the router holds A: its lease lapses
-    bt = threading.Thread(target=_go, args=(pair, data, b, t))
-    bt.start()  # B reaches the prefill (stock: into A's freed blocks; kvfence: waits)
-    time.sleep(2.0)
+    bt, forced = _lapse_then_reuse(pair, data, t, a, b, time.perf_counter())
+    t.forced += forced
     try:
         out = pair.decode_step(data["prompts"][a], params, data["max_tokens"])
         t.check(out, data["tokens"][a], time.perf_counter() - t0)
@@ -104,17 +170,123 @@ def lease_lapse(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     bt.join(300)
 
 
-SCENARIOS = {"normal": normal, "lease_lapse": lease_lapse}
-RACING = {"lease_lapse"}
+def decode_stall(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """A reaches a decode engine that is stopped (SIGSTOP of its three processes) across
+    the lease; the decode resumes (SIGCONT) once B has taken A's place at the prefill.
+
+    The same race as ``lease_lapse`` from the other side: the router is prompt, the decode
+    is late (a stalled host, a long GC pause, an overloaded engine). A stopped decode
+    sends no heartbeat, so the prefill's lease lapses."""
+    n = len(data["prompts"])
+    a, b = (2 * run + 14) % n, (2 * run + 15) % n
+    t0 = time.perf_counter()
+    try:
+        params = pair.prefill_step(data["prompts"][a])
+    except Exception as e:
+        print(f"    request {a}: {e}", file=sys.stderr)
+        t.check(None, data["tokens"][a], 0.0)
+        return
+    prefilled_at = time.perf_counter()
+    got: Dict[str, Any] = {}
+
+    def run_a() -> None:
+        try:
+            got["out"] = pair.decode_step(data["prompts"][a], params, data["max_tokens"])
+        except Exception as e:
+            got["err"] = e
+
+    pair.decode.signal(signal.SIGSTOP)
+    try:
+        at = threading.Thread(target=run_a)
+        at.start()  # A's decode request waits in the stopped server's socket backlog
+        bt, forced = _lapse_then_reuse(pair, data, t, a, b, prefilled_at)
+        t.forced += forced
+    finally:
+        pair.decode.signal(signal.SIGCONT)
+    at.join(300)
+    if "out" in got:
+        t.check(got["out"], data["tokens"][a], time.perf_counter() - t0)
+    else:
+        print(f"    request {a}: {got.get('err', 'no answer in 300 s')}", file=sys.stderr)
+        t.check(None, data["tokens"][a], 0.0)
+    bt.join(300)
 
 
-def idle_usage(pair: Pair, timeout: float = 60.0) -> Optional[float]:
-    """The prefill's KV usage once idle (polled until 0 or ``timeout``)."""
+def client_disconnect(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """Six concurrent clients, every other one cancelled (its HTTP connection closed) at a
+    point drawn from a seeded generator: during its prefill, or during its decode (before,
+    during or after the decode's READ). Every answer that arrives is compared; the
+    cancelled ones count as requests, not errors. Not drawn: a router that drops a request
+    between prefill and decode without telling either: nothing then tells the prefill
+    whether a READ may still come, which is the lease case (``lease_lapse``; kvfence holds
+    those blocks until the READ or its quarantine)."""
+    rng = random.Random(run)
+    n = len(data["prompts"])
+    threads = []
+    for k in range(6):
+        i = (run * 6 + k) % n
+        cancel = rng.choice(["prefill", "decode"]) if k % 2 else ""
+        after = rng.uniform(0.05, 1.5)
+        threads.append(threading.Thread(target=_go_cancel, args=(pair, data, i, t, cancel, after)))
+    for th in threads:
+        th.start()
+        time.sleep(0.1)
+    for th in threads:
+        th.join(300)
+
+
+def _go_cancel(pair: Pair, data: Dict[str, Any], i: int, t: Tally, cancel: str,
+               after: float) -> None:
+    t0 = time.perf_counter()
+    try:
+        if cancel == "prefill":
+            pair.cancel_after(pair.prefill.url, pair.prefill_body(data["prompts"][i]), after)
+            t.requests += 1
+            t.cancelled += 1
+            return
+        params = pair.prefill_step(data["prompts"][i])
+        body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
+        if cancel == "decode":
+            pair.cancel_after(pair.decode.url, body, after)
+            t.requests += 1
+            t.cancelled += 1
+            return
+        out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
+    except Exception as e:
+        print(f"    request {i}: {e}", file=sys.stderr)
+        t.check(None, data["tokens"][i], 0.0)
+        return
+    t.check(out, data["tokens"][i], time.perf_counter() - t0)
+
+
+SCENARIOS = {"normal": normal, "lease_lapse": lease_lapse, "decode_stall": decode_stall,
+             "client_disconnect": client_disconnect}
+RACING = {"lease_lapse", "decode_stall"}
+
+
+#: Lines of the prefill's log counted per scenario (the engine's and kvfence's own words).
+MARKS = {
+    "lapses_freed": "Releasing expired KV blocks",  # stock: a lease lapsed, blocks freed
+    "reads_after_free": "Potentially invalid KV blocks",  # stock: a READ came after that
+    "lapses_held": "kvfence: lease of request",  # kvfence: a lease lapsed, blocks held
+    "quarantined": "kvfence: quarantined the send blocks",
+    "quarantine_ended": "kvfence: the transfer of quarantined request",
+}
+
+
+def log_counts(pair: Pair) -> Dict[str, int]:
+    """How often each of ``MARKS`` is in the prefill's log so far."""
+    text = pair.prefill.log_text()
+    return {k: text.count(v) for k, v in MARKS.items()}
+
+
+def idle_usage(server: Any, timeout: float = 180.0) -> Optional[float]:
+    """A server's KV usage once idle (its own gauge, polled until 0 or ``timeout``)."""
     t0 = time.time()
-    u = pair.prefill.metric(USAGE)
+    u = server.metric(USAGE)
     while u and time.time() - t0 < timeout:
         time.sleep(2)
-        u = pair.prefill.metric(USAGE)
+        u = server.metric(USAGE)
     return u
 
 
@@ -139,17 +311,18 @@ def main() -> int:
             print(f"[{rule}] pair up in {time.time() - t_start:.0f} s", flush=True)
             for name in a.scenarios.split(","):
                 t = Tally()
+                t_s = time.time()
+                marks0 = log_counts(pair)
                 for run in range(a.runs):
                     SCENARIOS[name](pair, data, t, run)
-                usage = idle_usage(pair)
                 row = dict(engine="vllm", scenario=name, rule=rule, racing=name in RACING,
-                           kv_usage_at_idle=usage, **t.row())
+                           kv_usage_at_idle=idle_usage(pair.prefill),
+                           decode_kv_usage_at_idle=idle_usage(pair.decode),
+                           runs=a.runs, wall_s=round(time.time() - t_s, 1), **t.row())
+                marks = log_counts(pair)
+                row["prefill_log"] = {k: marks[k] - marks0[k] for k in MARKS}
                 table.append(row)
                 print(f"[{rule}] {name}: {json.dumps(row)}", flush=True)
-            logs = pair.prefill.log_text()
-            table.append(dict(engine="vllm", rule=rule, scenario="(log)",
-                              expired_releases=logs.count("Releasing expired KV blocks"),
-                              kvfence_lease_held=logs.count("kvfence: lease of request")))
         finally:
             pair.stop()
     if a.out:

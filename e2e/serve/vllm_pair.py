@@ -121,11 +121,12 @@ class Pair:
     """A prefill and a decode server, and the router between them."""
 
     def __init__(self, rule: str, model: str, logdir: str, python: str, base_port: int,
-                 push: bool = False) -> None:
+                 push: bool = False, prefill_blocks: int = PREFILL_BLOCKS) -> None:
         self.rule, self.push = rule, push
-        self.prefill = Server(f"{rule}-prefill", base_port, base_port + 500, rule, model,
-                              logdir, python, blocks=PREFILL_BLOCKS, push=push)
-        self.decode = Server(f"{rule}-decode", base_port + 1, base_port + 600, rule, model,
+        tag = f"{rule}-{base_port}"
+        self.prefill = Server(f"{tag}-prefill", base_port, base_port + 500, rule, model,
+                              logdir, python, blocks=prefill_blocks, push=push)
+        self.decode = Server(f"{tag}-decode", base_port + 1, base_port + 600, rule, model,
                              logdir, python, push=push)
 
     def wait_ready(self, timeout: float = 900.0) -> None:
@@ -136,14 +137,36 @@ class Pair:
         self.prefill.stop()
         self.decode.stop()
 
-    def prefill_step(self, prompt: List[int], timeout: float = 300.0) -> Dict[str, Any]:
-        """The prompt through the prefill (``max_tokens=1``): the decode's kv_transfer_params."""
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+    @staticmethod
+    def prefill_body(prompt: List[int]) -> Dict[str, Any]:
+        """The router's request to the prefill: ``max_tokens=1``, ``do_remote_decode``."""
+        return {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
                 "stream": False, "kv_transfer_params": {
                     "do_remote_decode": True, "do_remote_prefill": False,
                     "remote_engine_id": None, "remote_block_ids": None,
                     "remote_host": None, "remote_port": None}}
-        r = requests.post(self.prefill.url + "/v1/completions", json=body, timeout=timeout)
+
+    @staticmethod
+    def decode_body(prompt: List[int], params: Dict[str, Any], max_tokens: int) -> Dict[str, Any]:
+        """The router's request to the decode, with the prefill's ``kv_transfer_params``."""
+        return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
+                "min_tokens": max_tokens, "temperature": 0.0, "stream": False,
+                "ignore_eos": True, "return_token_ids": True, "kv_transfer_params": params}
+
+    @staticmethod
+    def cancel_after(url: str, body: Dict[str, Any], after_s: float) -> int:
+        """Posts ``body`` and hangs up after ``after_s`` (a client that disconnects: vLLM's
+        API server aborts the request). 1 when it hung up, 0 when the answer came first."""
+        try:
+            requests.post(url + "/v1/completions", json=body, timeout=(10, after_s))
+        except requests.exceptions.ReadTimeout:
+            return 1
+        return 0
+
+    def prefill_step(self, prompt: List[int], timeout: float = 300.0) -> Dict[str, Any]:
+        """The prompt through the prefill (``max_tokens=1``): the decode's kv_transfer_params."""
+        r = requests.post(self.prefill.url + "/v1/completions", json=self.prefill_body(prompt),
+                          timeout=timeout)
         r.raise_for_status()
         params = r.json().get("kv_transfer_params") or {}
         return dict(params)
@@ -151,9 +174,7 @@ class Pair:
     def decode_step(self, prompt: List[int], params: Dict[str, Any], max_tokens: int,
                     timeout: float = 300.0) -> List[int]:
         """The decode with the prefill's params: the generated token ids."""
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens,
-                "min_tokens": max_tokens, "temperature": 0.0, "stream": False,
-                "ignore_eos": True, "return_token_ids": True, "kv_transfer_params": params}
+        body = self.decode_body(prompt, params, max_tokens)
         r = requests.post(self.decode.url + "/v1/completions", json=body, timeout=timeout)
         r.raise_for_status()
         choice = r.json()["choices"][0]

