@@ -1,0 +1,329 @@
+"""The race and its cure on a real SGLang prefill/decode pair: scenarios, stock vs kvfence.
+
+``python serve_sglang.py MODEL_DIR LOGDIR [--runs N] [--scenarios a,b] [--out F]`` (run by
+``e2e/serve/sglang.sh`` in the SGLang server environment). One pair per rule (``stock``,
+and ``kvfence`` enabled as a user enables it: ``SGLANG_PLUGINS=kvfence``), both started at
+once; every scenario runs on each; every answer is compared token for token with the
+``transformers`` reference of ``model.py``.
+
+Scenarios (SGLang pushes: the prefill WRITEs into the decode's pages over Mooncake TCP):
+
+* ``normal``: four requests one after another. The control.
+* ``write_failed``: request F's KV write is reported failed (-1) by the transfer call and
+  its bytes land later (Mooncake's semantics for a transfer timeout with slices still
+  posted). The forcing is a fault injected at ``batch_transfer_sync`` in the prefill
+  (``sglang_site/sitecustomize.py``): -1 at once, the same write performed when the
+  harness says so. F fails (both rules: its client gets an abort). SGLang's decode holds
+  F's pages until the prefill ACKs a drain, which never comes for a failed write, and
+  releases them "anyway" at its deadline (shortened to ``RELEASE_TIMEOUT_S``). Then
+  requests go through one at a time; each is paused by the decode's scheduler before its
+  first decode step (``CTL/pause``), and its KV slots are read from the decode's page log.
+  The first request given any of F's slots is the victim: F's late bytes land now, then
+  the decode resumes. (With no request given F's slots within two sweeps of the
+  allocator, which is what kvfence's hold makes happen, the bytes land during the request
+  that completes the second sweep.) Events, not times, order the race: the release is a
+  log line, the victim is the request SGLang's allocator gave F's slots, the bytes land
+  while it is paused between its KV transfer and its decode. Stock: the victim answers
+  wrong from the token where the bytes land, HTTP 200. kvfence: F's room can never be
+  ACKed (a -1 write), so its pages stay held (counted: SGLang's own ``kv_used_tokens``
+  at idle, kvfence's log) and nobody is given them.
+
+Per scenario and rule: requests (F not counted: it is the fault), wrong-token requests,
+HTTP errors, p50/p99 latency, the decode's KV slots in use at idle (SGLang's own
+``/v1/loads``: ``num_used_tokens``) and its deferred releases by outcome
+(``sglang:decode_deferred_kv_release_total``: ``timeout`` = released without proof).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Set
+
+import model as _model
+import sglang_pair
+from sglang_pair import RELEASE_TIMEOUT_S, Pair
+
+RELEASED_ANYWAY = "releasing anyway"
+
+
+class Tally:
+    """What one scenario run under one rule saw (the shape of the vLLM rows)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.wrong = 0
+        self.errors = 0
+        self.lat: List[float] = []
+        self.first_wrong: List[int] = []
+        self.faulted = 0
+        self.faulted_answered = 0
+        self.victims = 0
+        self.victim_wrong = 0
+        self.overlap: List[int] = []
+        self.landed = 0
+        self.notes: List[str] = []
+
+    def check(self, got: Optional[List[int]], want: List[int], lat: float) -> bool:
+        self.requests += 1
+        if got is None:
+            self.errors += 1
+            return False
+        self.lat.append(lat)
+        if got != want:
+            self.wrong += 1
+            self.first_wrong.append(next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                                         min(len(got), len(want))))
+            return False
+        return True
+
+    def row(self) -> Dict[str, Any]:
+        lat = sorted(self.lat)
+        p = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
+        return {"requests": self.requests, "wrong_tokens": self.wrong, "http_errors": self.errors,
+                "p50_s": p(0.5), "p99_s": p(0.99), "first_wrong_token": self.first_wrong,
+                "faulted": self.faulted, "faulted_answered": self.faulted_answered,
+                "victims": self.victims, "victim_overlap_slots": self.overlap,
+                "late_writes_landed": self.landed, "notes": self.notes}
+
+
+def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, room: Optional[int] = None,
+        res: Optional[Dict[str, Any]] = None, prefill: Any = None) -> None:
+    try:
+        out, dt, _ = pair.generate(data["prompts"][i], data["max_tokens"], room=room, prefill=prefill)
+    except Exception as e:  # an HTTP error / abort: counted, never a wrong answer
+        print(f"    request {i}: {e}", file=sys.stderr, flush=True)
+        ok = t.check(None, data["tokens"][i], 0.0)
+    else:
+        ok = t.check(out, data["tokens"][i], dt)
+    if res is not None:
+        res["ok"] = ok
+
+
+def normal(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    for k in range(4):
+        _go(pair, data, (run * 4 + k) % len(data["prompts"]), t)
+
+
+_PAGES = re.compile(r"KVFENCE-SERVE-HOOK \[decode pid \d+\] pages: room (\d+) got \d+ KV slots ([0-9,-]+)")
+
+
+def slots_of(pair: Pair, room: int) -> Optional[Set[int]]:
+    """The KV slots the decode gave ``room`` (its page log), or None."""
+    for m in _PAGES.finditer(pair.decode.log_text()):
+        if int(m.group(1)) == room:
+            out: Set[int] = set()
+            for part in m.group(2).split(","):
+                a, _, b = part.partition("-")
+                out.update(range(int(a), int(b or a) + 1))
+            return out
+    return None
+
+
+def _victims(pair: Pair, data: Dict[str, Any], t: Tally, run: int, f_slots: Set[int],
+             go: str, done: str, prefill: Any = None) -> None:
+    """Requests one at a time (through ``prefill``), each paused by the decode before its
+    first decode step; the first one SGLang gave any of F's slots is the victim: the
+    harness creates CTL/``go`` (F's bytes land) and waits for CTL/``done`` before the
+    decode resumes. With no victim within pool/100 + 1 requests (kvfence holds F's slots),
+    the bytes land during the last one."""
+    n = len(data["prompts"])
+    k = 0
+    while True:
+        i = (run * 7 + 13 + k) % n
+        room = pair.next_room()
+        pair.remove("paused")
+        pair.touch("pause")
+        res: Dict[str, Any] = {}
+        th = threading.Thread(target=_go, args=(pair, data, i, t, room, res, prefill))
+        th.start()
+        if not pair.wait_ctl("paused", 120):
+            pair.remove("pause")
+            th.join(300)
+            t.notes.append(f"request {i} never reached a decode step")
+            break
+        mine = slots_of(pair, room) or set()
+        hit = len(mine & f_slots)
+        land = hit > 0 or k >= pair.decode_tokens // 100 + 1
+        if land:
+            pair.touch(go)
+            if not pair.wait_ctl(done, 60):
+                t.notes.append("the late write did not land")
+            else:
+                t.landed += 1
+        pair.remove("pause")
+        th.join(300)
+        if land:
+            if hit:
+                t.victims += 1
+                t.overlap.append(hit)
+            print(f"    [{pair.rule}] F's bytes landed during request {i} (room {room}): "
+                  f"{hit} of its slots were F's; answer {'right' if res.get('ok') else 'WRONG'}",
+                  flush=True)
+            break
+        k += 1
+
+
+def write_failed(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    n = len(data["prompts"])
+    for f in ("land", "landed", "pause", "paused", "fail_next"):
+        pair.remove(f)
+    # 1. F: its write returns -1 at the transfer call; its bytes are kept for later.
+    f_idx, f_room = (run * 7 + 12) % n, pair.next_room()
+    log_mark = len(pair.decode.log_text())
+    p_mark = len(pair.prefill.log_text())
+    pair.touch("fail_next")
+    t.faulted += 1
+    try:
+        out, _, _ = pair.generate(data["prompts"][f_idx], data["max_tokens"], room=f_room)
+        t.faulted_answered += 1
+        t.notes.append(f"the failed request answered ({'right' if out == data['tokens'][f_idx] else 'wrong'})")
+    except Exception as e:
+        print(f"    failed request (expected): {str(e)[:160]}", file=sys.stderr, flush=True)
+    if pair.has("fail_next"):
+        t.notes.append("the fault was not injected (no write after it was armed)")
+        pair.remove("fail_next")
+        return
+    f_slots = slots_of(pair, f_room) or set()
+    # The failed write blacklisted the decode's session on the prefill; SGLang's own probe
+    # un-blacklists it (every PROBE_S): wait for that log line, or every request fails.
+    if not pair.prefill.wait_log("recovered via probe", 60.0, p_mark):
+        t.notes.append("the prefill did not un-blacklist the decode's session")
+    # 2. SGLang's deadline: stock logs its release; kvfence holds (both: same wait at most).
+    released = pair.decode.wait_log(f"room {f_room} timed out", RELEASE_TIMEOUT_S + 6.0, log_mark)
+    print(f"    [{pair.rule}] F (room {f_room}, {len(f_slots)} slots): "
+          f"{'released anyway by SGLang' if released else 'still held after its deadline'}", flush=True)
+    # 3. Requests one at a time, each paused before its first decode step; the first
+    #    one given F's slots is the victim: F's late bytes land while it is paused.
+    _victims(pair, data, t, run, f_slots, "land", "landed")
+    for f in ("land", "landed"):
+        pair.remove(f)
+
+
+def deadline_expired(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    n = len(data["prompts"])
+    for f in ("hold_next", "held", "release", "held_done", "pause", "paused"):
+        pair.remove(f)
+    # 1. F through prefill A: its KV write is held inside the transfer call (in flight).
+    f_idx, f_room = (run * 7 + 12) % n, pair.next_room()
+    rid = f"kvfence-serve-F-{f_room}"
+    d_mark = len(pair.decode.log_text())
+    pair.touch("hold_next")
+    t.faulted += 1
+    fres: Dict[str, Any] = {}
+
+    def f_request() -> None:
+        try:
+            out, _, _ = pair.generate(data["prompts"][f_idx], data["max_tokens"], room=f_room, rid=rid)
+            fres["out"] = out
+        except Exception as e:  # noqa: BLE001 - aborted: expected
+            fres["error"] = str(e)[:160]
+
+    fth = threading.Thread(target=f_request)
+    fth.start()
+    if not pair.wait_ctl("held", 120):
+        t.notes.append("F's write was never held")
+        pair.remove("hold_next")
+        pair.touch("release")
+        fth.join(300)
+        return
+    f_slots = slots_of(pair, f_room) or set()
+    # 2. The decode aborts F while its write is in flight (SGLang's /abort_request, what a
+    #    client disconnect does); SGLang waits for prefill A's drain ACK, which comes only
+    #    when the write is done, and frees F's slots "anyway" at its deadline.
+    code = pair.abort(rid)
+    released = pair.decode.wait_log(f"room {f_room} timed out", RELEASE_TIMEOUT_S + 6.0, d_mark)
+    fth.join(60)
+    if "out" in fres:
+        t.faulted_answered += 1
+        t.notes.append("the aborted request answered")
+    print(f"    [{pair.rule}] F (room {f_room}, {len(f_slots)} slots, abort HTTP {code}): "
+          f"{'released anyway by SGLang' if released else 'still held after its deadline'}", flush=True)
+    # 3. Later requests through prefill B (its own transfer queue: nothing queues them
+    #    behind A's held write); F's write completes while the victim is paused.
+    _victims(pair, data, t, run, f_slots, "release", "held_done", prefill=pair.prefill_b)
+    for f in ("hold_next", "held", "release", "held_done"):
+        pair.remove(f)
+
+
+SCENARIOS = {"normal": normal, "write_failed": write_failed, "deadline_expired": deadline_expired}
+RACING = {"write_failed", "deadline_expired"}
+
+
+def idle(pair: Pair, timeout: float = 10.0) -> Dict[str, Any]:
+    """The decode's KV slots in use once idle (SGLang's own scheduler state, polled until 0
+    or ``timeout``), and its deferred-release counters (``/metrics``)."""
+    t0 = time.time()
+    while True:
+        used = pair.decode.used_tokens()
+        if used == 0 or time.time() - t0 > timeout:
+            break
+        time.sleep(1)
+    m = pair.decode.metrics()
+    rel = {k.split('outcome="')[1].split('"')[0]: v for k, v in m.items()
+           if k.startswith("sglang:decode_deferred_kv_release_total") and 'outcome="' in k}
+    return {"kv_used_tokens_at_idle": used, "kv_total_tokens": pair.decode_tokens,
+            "deferred_releases_by_outcome": rel}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("logdir")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--rules", default="stock,kvfence")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    data = _model.load(a.model_dir)
+    os.makedirs(a.logdir, exist_ok=True)
+    rules = a.rules.split(",")
+    table: List[Dict[str, Any]] = []
+    t_start = time.time()
+    # kvfence holds the pages of each failed write for good: room for them, same for both.
+    tokens = sglang_pair.DECODE_TOKENS + (100 * (a.runs - 1) if "write_failed" in a.scenarios else 0)
+    two = "deadline_expired" in a.scenarios
+    pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8300 + 10 * k, tokens, two)
+             for k, rule in enumerate(rules)}
+    try:
+        for rule, pair in pairs.items():
+            pair.wait_ready()
+        print(f"pairs up in {time.time() - t_start:.0f} s ({', '.join(rules)}, started at once)", flush=True)
+        for rule, pair in pairs.items():
+            for name in a.scenarios.split(","):
+                t = Tally()
+                t0 = time.time()
+                for run in range(a.runs):
+                    SCENARIOS[name](pair, data, t, run)
+                row = dict(engine="sglang", scenario=name, rule=rule, racing=name in RACING,
+                           **idle(pair), **t.row(), seconds=round(time.time() - t0, 1))
+                table.append(row)
+                print(f"[{rule}] {name}: {json.dumps(row)}", flush=True)
+            dlog, plog = pair.decode.log_text(), pair.prefill.log_text()
+            table.append(dict(
+                engine="sglang", rule=rule, scenario="(log)",
+                released_anyway=dlog.count(RELEASED_ANYWAY),
+                injected_failures=plog.count("write_failed: returned -1"),
+                kvfence_installed_lines=len(re.findall(r"kvfence\.sglang installed in this process \([^)]*\): True", dlog + plog)),
+                kvfence_absent_lines=len(re.findall(r"kvfence\.sglang installed in this process \([^)]*\): False", dlog + plog)),
+                standin_called=("KVFENCE-STANDIN-CALLED" in dlog + plog),
+            ))
+    finally:
+        for pair in pairs.values():
+            pair.stop()
+    calls = os.path.join(a.logdir, "standin-calls.txt")
+    table.append(dict(engine="sglang", rule="-", scenario="(stand-in)",
+                      sgl_kernel_calls=(open(calls).read().count("\n") if os.path.exists(calls) else 0)))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(table, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The SGLang half of e2e/serve: a real SGLang 0.5.23 prefill/decode pair (its in-tree CPU
+# platform, Mooncake over TCP) serving the model of model.py, stock vs kvfence enabled as a
+# user enables it (SGLANG_PLUGINS=kvfence), every answer compared token for token with
+# transformers. Called by e2e/serve/run (--engine sglang|all); runs alone too:
+#
+#   RUNS=2 SHORT=1 OUT=/tmp/x e2e/serve/sglang.sh
+#
+# Env: RUNS (runs of each scenario per rule, default 3), SHORT (1: the CI form: the control
+# `normal` and the racing `write_failed`; today that is every scenario built), OUT (log
+# directory, default a new /tmp/kvfence-serve-sglang.XXXX), KVFENCE_CACHE.
+# Prints "PASS what" / "FAIL what" lines and "SKIP: reason" lines; writes the rows to
+# $OUT/serve-sglang.json. Exit status: 0 every check passed, 1 one failed, 77 it cannot run
+# here at all (the environment cannot be installed).
+#
+# Environment: e2e/sglang/setup.sh builds (or reuses) SGLang 0.5.23's venv with kvfence
+# installed; a server needs more of SGLang's requirements than that venv has (jsonschema,
+# outlines, xgrammar, ...), so this script layers a second venv over it (a .pth adds the
+# first one's site-packages), keyed by the same pinned versions:
+#   $KVFENCE_CACHE/sglang-serve-0.5.23-torch2.14.1-pyX.Y   (~0.3 GB, ~1-2 min once)
+# The CUDA-only kernel packages are left out; SGLang's CPU kernel package (sgl_kernel) is
+# stood in for by sglang_site/sgl_kernel (fails loudly if called; proven uncalled here).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+RUNS=${RUNS:-3}
+SHORT=${SHORT:-0}
+OUT=${OUT:-$(mktemp -d /tmp/kvfence-serve-sglang.XXXX)}
+CACHE=${KVFENCE_CACHE:-$HOME/.cache/kvfence}
+mkdir -p "$OUT"
+start=$SECONDS
+log() { echo "sglang.sh: $*" >&2; }
+
+echo "== SGLang 0.5.23 (CPU platform, Mooncake TCP): environment"
+"$root/e2e/sglang/setup.sh" --print > "$OUT/setup-sglang.log" 2>&1
+rc=$?
+if [ $rc = 77 ]; then
+    echo "SKIP: the SGLang environment cannot be installed here ($(grep 'sglang/setup:' "$OUT/setup-sglang.log" | tail -1))"
+    exit 77
+elif [ $rc != 0 ]; then
+    tail -20 "$OUT/setup-sglang.log"; echo "FAIL sglang: e2e/sglang/setup.sh (exit $rc)"; exit 1
+fi
+BASE=$(tail -1 "$OUT/setup-sglang.log")
+pyver=$("$BASE/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+SERVE=$CACHE/sglang-serve-0.5.23-torch2.14.1-py$pyver
+if [ ! -f "$SERVE/.complete" ]; then
+    log "building $SERVE (over $BASE)"
+    rm -rf "$SERVE"
+    "$BASE/bin/python" -c 'import sys; print(sys._base_executable)' > "$OUT/base-python.txt"
+    "$(cat "$OUT/base-python.txt")" -m venv "$SERVE" >> "$OUT/setup-sglang.log" 2>&1 \
+        || { echo "FAIL sglang: python -m venv $SERVE"; exit 1; }
+    echo "import site; site.addsitedir('$BASE/lib/python$pyver/site-packages')" \
+        > "$SERVE/lib/python$pyver/site-packages/zz_kvfence_sglang_base.pth"
+    # SGLang 0.5.23's Requires-Dist that the base venv lacks, minus the CUDA-only kernels
+    # (cuda-python, flash-attn-4, flashinfer, humming-kernels, cutlass-dsl, mathdx,
+    # nvshmem4py, quack-kernels, sgl-deep-ep/-gemm/-flash-mla, sglang-kernel, tilelang,
+    # torch_memory_saver) and the audio/video ones (torchaudio/torchcodec pin another torch);
+    # plus jsonschema, which the server imports without declaring it.
+    (cd /tmp && "$SERVE/bin/python" -m pip install -q --disable-pip-version-check \
+        'torch==2.14.1' 'transformers==5.19.0' jsonschema anthropic build \
+        'kernels<0.15,>=0.14.1' 'llguidance<2.0.0,>=1.7.6' 'mistral_common>=1.11.5' modelscope \
+        ninja numba==0.65.1 openai==2.8.0 openai-harmony==0.0.4 outlines==0.1.11 py-spy \
+        'smg-grpc-servicer>=0.9.0' soundfile==0.13.1 timm==1.0.25 watchfiles xgrammar==0.2.7) \
+        >> "$OUT/setup-sglang.log" 2>&1
+    rc=$?
+    if [ $rc != 0 ]; then
+        tail -5 "$OUT/setup-sglang.log"
+        echo "SKIP: a package of SGLang's server was refused by the registry (see $OUT/setup-sglang.log)"
+        exit 77
+    fi
+    PYTHONPATH=$here/sglang_site "$SERVE/bin/python" -c 'import sglang.launch_server, kvfence.sglang' \
+        >> "$OUT/setup-sglang.log" 2>&1 \
+        || { tail -5 "$OUT/setup-sglang.log"; echo "FAIL sglang: sglang.launch_server does not import"; exit 1; }
+    date -u > "$SERVE/.complete"
+fi
+PY=$SERVE/bin/python
+echo "   environment ready in $((SECONDS - start)) s: $SERVE"
+
+MODEL=$CACHE/serve-model-$(sha256sum "$here/model.py" | cut -c1-12)
+echo "== the model and its transformers reference: $MODEL"
+(cd "$here" && "$PY" model.py "$MODEL") > "$OUT/model-sglang.log" 2>&1 \
+    || { tail -20 "$OUT/model-sglang.log"; echo "FAIL sglang: model.py"; exit 1; }
+
+scen=normal,write_failed
+echo "== SGLang pairs, stock and kvfence started at once; scenarios $scen, $RUNS run(s) each"
+t0=$SECONDS
+(cd "$here" && "$PY" serve_sglang.py "$MODEL" "$OUT/sglang" --runs "$RUNS" --scenarios "$scen" \
+    --out "$OUT/serve-sglang.json") 2>&1 | tee "$OUT/serve-sglang.out"
+echo "   scenarios done in $((SECONDS - t0)) s"
+if [ ! -s "$OUT/serve-sglang.json" ]; then
+    echo "FAIL sglang: no rows (see $OUT/serve-sglang.out and $OUT/sglang/*.log)"
+    exit 1
+fi
+"$PY" - "$OUT/serve-sglang.json" "$OUT/sglang" > "$OUT/checks-sglang.txt" <<'PY'
+import glob, json, sys
+rows = json.load(open(sys.argv[1]))
+logs = {p: open(p, errors="replace").read() for p in glob.glob(sys.argv[2] + "/*.log")}
+PROMPT = 100
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+for r in rows:
+    if r["scenario"].startswith("("):
+        continue
+    tag = "sglang %s %s" % (r["rule"], r["scenario"])
+    n = "%d requests" % r["requests"]
+    if r["rule"] == "stock" and r["racing"]:
+        check(r["kv_used_tokens_at_idle"] == 0, "%s: the decode's KV slots back at idle (%s in use)" % (tag, r["kv_used_tokens_at_idle"]))
+        check(r["wrong_tokens"] > 0 and r["victims"] > 0,
+              "%s: stock answers wrong tokens (%d of %s; %d victim(s) given the failed request's slots, HTTP 200)"
+              % (tag, r["wrong_tokens"], n, r["victims"]))
+    elif r["rule"] == "stock":
+        check(r["wrong_tokens"] == 0 and r["http_errors"] == 0, "%s: the control is right (%s)" % (tag, n))
+        check(r["kv_used_tokens_at_idle"] == 0, "%s: the decode's KV slots back at idle (%s in use)" % (tag, r["kv_used_tokens_at_idle"]))
+    else:
+        check(r["wrong_tokens"] == 0 and r["http_errors"] == 0 and r["requests"] > 0,
+              "%s: 0 wrong tokens, 0 HTTP errors (%s)" % (tag, n))
+        if r["racing"]:
+            held = r["faulted"] * PROMPT
+            check(r["victims"] == 0 and r["late_writes_landed"] == r["faulted"],
+                  "%s: nobody was given the failed request's slots; its late bytes landed on held slots (%d of %d)"
+                  % (tag, r["late_writes_landed"], r["faulted"]))
+            check(r["kv_used_tokens_at_idle"] == held,
+                  "%s: at idle exactly the failed requests' KV slots are held, counted by SGLang's own state "
+                  "(num_used_tokens %s = %d x %d): a write that returned -1 can never be ACKed, so kvfence never frees its slots"
+                  % (tag, r["kv_used_tokens_at_idle"], r["faulted"], PROMPT))
+        else:
+            check(r["kv_used_tokens_at_idle"] == 0, "%s: the decode's KV slots back at idle (%s in use)" % (tag, r["kv_used_tokens_at_idle"]))
+for r in rows:
+    if r["scenario"] == "(log)":
+        if r["rule"] == "kvfence":
+            check(r["released_anyway"] == 0, "sglang kvfence: the decode never released a page on SGLang's deadline (%d 'releasing anyway')" % r["released_anyway"])
+    if r["scenario"] == "(stand-in)":
+        called = [p for p, t in logs.items() if "KVFENCE-STANDIN-CALLED" in t]
+        check(r["sgl_kernel_calls"] == 0 and not called,
+              "sglang: the sgl_kernel stand-in was never called (%d calls recorded, %d logs name it)" % (r["sgl_kernel_calls"], len(called)))
+for rule in ("stock", "kvfence"):
+    text = "".join(t for p, t in logs.items() if "-%s-" % rule in p)
+    on = text.count("installed in this process") and "installed in this process" in text
+    yes = text.count("): True")
+    no = text.count("): False")
+    want_on = rule == "kvfence"
+    check(on and (yes > 0 and no == 0) == want_on and (no > 0 and yes == 0) == (not want_on),
+          "sglang %s: kvfence.sglang %s in the servers' KV-manager processes (%d say installed, %d not)"
+          % (rule, "installed" if want_on else "absent", yes, no))
+PY
+cat "$OUT/checks-sglang.txt"
+echo "e2e/serve/sglang.sh: $((SECONDS - start)) s; logs in $OUT"
+grep -q '^FAIL' "$OUT/checks-sglang.txt" && exit 1
+[ -s "$OUT/checks-sglang.txt" ] || exit 1
+exit 0

@@ -1,0 +1,221 @@
+"""Test-side hooks of the e2e/serve SGLang pair (never part of kvfence).
+
+``e2e/serve/sglang.sh`` puts this directory on the ``PYTHONPATH`` of its SGLang servers;
+Python imports this module at start-up in every process. It does nothing unless
+``KVFENCE_SERVE_CTL`` names the harness's control directory. Then, as soon as SGLang's
+modules are imported (a post-import hook, as ``kvfence.sglang``'s own start-up hook):
+
+* **CPU workaround** (prefill): ``MooncakeKVSender.supports_host_tensor_indices = False``.
+  SGLang's prefill otherwise takes a pinned-memory + ``torch.cuda.Event`` path for the
+  page indices, which needs CUDA; False takes its plain path. Outside the abort/release
+  code; same for both rules.
+* **Fault injection at the transfer call** (prefill, ``MooncakeTransferEngine.
+  batch_transfer_sync``): when the harness creates ``CTL/fail_next``, the next call
+  returns -1 without moving a byte, and a thread performs that very write (same session,
+  same source and destination addresses) when the harness creates ``CTL/land``, then
+  writes ``CTL/landed``. That is Mooncake's semantics for a transfer timeout with slices
+  still posted: reported failed, bytes landing later. When the harness creates
+  ``CTL/hold_next``, the next call blocks until ``CTL/release`` exists, then writes and
+  returns the real result: a write slower than any deadline.
+* **Decode pause** (decode, ``Scheduler.run_batch``): while ``CTL/pause`` exists, the
+  decode's scheduler stops before its next decode step, after writing ``CTL/paused``
+  (the rooms of the running requests). Its Mooncake receiver keeps running (other
+  threads), so a write can land meanwhile. This pins "the late bytes land while the next
+  request is decoding" to an order of events instead of a time.
+* **Page log** (decode, ``DecodePreallocQueue._pre_alloc``): each request's room and the
+  KV slots it was given, for the evidence that a victim got the failed request's pages.
+
+Every hook logs a line starting with ``KVFENCE-SERVE-HOOK``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_CTL = os.environ.get("KVFENCE_SERVE_CTL")
+_ROLE = os.environ.get("KVFENCE_SERVE_ROLE", "")
+
+
+_told = set()
+
+
+def _tell_kvfence(where: str) -> None:
+    """Logs once per process whether kvfence.sglang is installed here (the evidence that
+    the rule under test is the one running)."""
+    if where in _told:
+        return
+    _told.add(where)
+    on = False
+    mod = sys.modules.get("kvfence.sglang")
+    if mod is not None:
+        try:
+            on = bool(mod.installed())
+        except Exception:  # noqa: BLE001
+            on = False
+    _log("kvfence.sglang installed in this process (%s): %s" % (where, on))
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write("KVFENCE-SERVE-HOOK [%s pid %d] %s\n" % (_ROLE, os.getpid(), msg))
+    sys.stderr.flush()
+
+
+def _claim(name: str) -> bool:
+    """Takes the control file ``name`` (atomically: one call claims it)."""
+    p = os.path.join(_CTL, name)  # type: ignore[arg-type]
+    try:
+        os.rename(p, p + ".taken.%d" % os.getpid())
+        return True
+    except OSError:
+        return False
+
+
+def _exists(name: str) -> bool:
+    return os.path.exists(os.path.join(_CTL, name))  # type: ignore[arg-type]
+
+
+def _write(name: str, text: str) -> None:
+    p = os.path.join(_CTL, name)  # type: ignore[arg-type]
+    with open(p + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(p + ".tmp", p)
+
+
+def _wait_for(name: str, present: bool = True) -> None:
+    import time
+
+    while _exists(name) != present:
+        time.sleep(0.01)
+
+
+def _patch_engine(mod) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    cls = mod.MooncakeTransferEngine
+    orig = cls.batch_transfer_sync
+
+    def batch_transfer_sync(self, session_id, buffers, peer_buffer_addresses, lengths):  # type: ignore[no-untyped-def]
+        nbytes = sum(int(x) for x in lengths)
+        _tell_kvfence("prefill transfer")
+        if _claim("fail_next"):
+            args = (session_id, list(buffers), list(peer_buffer_addresses), list(lengths))
+            _log("write_failed: returned -1 for a write of %d blocks, %d bytes to %s; its "
+                 "bytes land when CTL/land exists" % (len(lengths), nbytes, session_id))
+
+            def late() -> None:
+                _wait_for("land")
+                rc = orig(self, *args)
+                _log("write_failed: the late bytes landed (rc %s)" % rc)
+                _write("landed", str(rc))
+
+            threading.Thread(target=late, name="kvfence-serve-late-write", daemon=True).start()
+            return -1
+        if _claim("hold_next"):
+            _log("hold: a write of %d blocks, %d bytes to %s held until CTL/release"
+                 % (len(lengths), nbytes, session_id))
+            _write("held", session_id)
+            _wait_for("release")
+            rc = orig(self, session_id, buffers, peer_buffer_addresses, lengths)
+            _log("hold: the held write done (rc %s)" % rc)
+            _write("held_done", str(rc))
+            return rc
+        return orig(self, session_id, buffers, peer_buffer_addresses, lengths)
+
+    cls.batch_transfer_sync = batch_transfer_sync
+    _log("fault injection armed at MooncakeTransferEngine.batch_transfer_sync")
+
+
+def _patch_conn(mod) -> None:  # type: ignore[no-untyped-def]
+    mod.MooncakeKVSender.supports_host_tensor_indices = False
+    _log("CPU workaround: MooncakeKVSender.supports_host_tensor_indices = False")
+
+
+def _patch_scheduler(mod) -> None:  # type: ignore[no-untyped-def]
+    cls = mod.Scheduler
+    orig = cls.run_batch
+
+    def run_batch(self, batch, *a, **kw):  # type: ignore[no-untyped-def]
+        try:
+            decoding = batch is not None and batch.forward_mode.is_decode()
+        except Exception:  # noqa: BLE001
+            decoding = False
+        if decoding and _exists("pause"):
+            rooms = [getattr(r, "bootstrap_room", None) for r in batch.reqs]
+            _log("pause: the decode stops before a decode step of rooms %s" % rooms)
+            _write("paused", " ".join(str(r) for r in rooms))
+            _wait_for("pause", present=False)
+            _log("pause: resumed")
+        return orig(self, batch, *a, **kw)
+
+    cls.run_batch = run_batch
+    _log("decode pause armed at Scheduler.run_batch")
+
+
+def _patch_decode(mod) -> None:  # type: ignore[no-untyped-def]
+    cls = mod.DecodePreallocQueue
+    orig = cls._pre_alloc
+
+    def _pre_alloc(self, req, *a, **kw):  # type: ignore[no-untyped-def]
+        loc = orig(self, req, *a, **kw)
+        _tell_kvfence("decode pre-allocation")
+        try:
+            if loc is not None and len(loc):
+                v = sorted(int(x) for x in loc.tolist())
+                runs, start = [], v[0]
+                for a, b in zip(v, v[1:] + [None]):
+                    if b != a + 1:
+                        runs.append("%d-%d" % (start, a) if a != start else "%d" % a)
+                        start = b
+                _log("pages: room %s got %d KV slots %s" % (req.bootstrap_room, len(v), ",".join(runs)))
+        except Exception:  # noqa: BLE001
+            pass
+        return loc
+
+    cls._pre_alloc = _pre_alloc
+
+
+_HOOKS = {
+    "prefill": {
+        "sglang.srt.distributed.device_communicators.mooncake_transfer_engine": _patch_engine,
+        "sglang.srt.disaggregation.mooncake.conn": _patch_conn,
+    },
+    "decode": {
+        "sglang.srt.managers.scheduler": _patch_scheduler,
+        "sglang.srt.disaggregation.decode": _patch_decode,
+    },
+}
+
+
+def _arm(hooks) -> None:  # type: ignore[no-untyped-def]
+    import importlib.abc
+    import importlib.util
+
+    class _After(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+            fn = hooks.get(fullname)
+            if fn is None:
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(fullname)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None:
+                return spec
+            loader = spec.loader
+            orig_exec = loader.exec_module
+
+            def exec_module(module):  # type: ignore[no-untyped-def]
+                orig_exec(module)
+                hooks.pop(fullname, None)
+                fn(module)
+
+            loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, _After())
+
+
+if _CTL and _ROLE in _HOOKS:
+    _arm(dict(_HOOKS[_ROLE]))
