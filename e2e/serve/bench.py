@@ -13,8 +13,8 @@ The load, per round (the same seeded schedule for both rules):
   ``kv_transfer_params``) on a thread of its own;
 * ``cancel`` (10 %) of the clients hang up during their decode, at a random point;
 * ``stall``: every ``stall_every``-th request is held by the router past the prefill's
-  lease (``LEASE_S`` + ``hold_extra_s``) before its decode: the ``lease_lapse`` fault, at
-  a rate. Stock frees its blocks at the lapse and may give them to a later request (a
+  lease (``--lease-s``, default 15 s: long enough not to lapse in normal operation; +
+  ``hold_extra_s``) before its decode: the ``lease_lapse`` fault, at a rate. Stock frees its blocks at the lapse and may give them to a later request (a
   wrong answer when that happens before the held READ); kvfence holds them until the
   READ has ended.
 
@@ -23,7 +23,7 @@ costs a tenth of it, small enough that freed blocks are reused within seconds.
 
 Reported per rule: the medians over rounds of completed requests/s and generated tokens/s
 (only requests answered in full; each answer is compared token for token with the
-reference and wrong ones counted), the ratio kvfence / stock of those medians, p50/p99
+reference and wrong ones counted), of tokens/s of right answers only (``good``), the ratio kvfence / stock of those medians, p50/p99
 latency, HTTP errors, and each pair's KV usage once idle.
 """
 
@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import model as _model
 import serve
-from vllm_pair import LEASE_S, Pair
+from vllm_pair import Pair
 
 RULES = ("stock", "kvfence")
 
@@ -69,6 +69,7 @@ class Round:
         self.lock = threading.Lock()
         self.done = 0
         self.tokens = 0
+        self.good_tokens = 0  # tokens of answers equal to the reference
         self.wrong = 0
         self.errors = 0
         self.cancelled = 0
@@ -83,7 +84,7 @@ def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
     try:
         params = pair.prefill_step(data["prompts"][i])
         if fault == "stall":
-            time.sleep(LEASE_S + HOLD_EXTRA_S)
+            time.sleep(pair.lease_s + HOLD_EXTRA_S)
         if fault == "cancel":
             body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
             pair.cancel_after(pair.decode.url, body, delay)
@@ -102,6 +103,7 @@ def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
         r.stalled += fault == "stall"
         r.tokens += len(out)
         r.wrong += out != data["tokens"][i]
+        r.good_tokens += len(out) if out == data["tokens"][i] else 0
         r.lat.append(dt)
 
 
@@ -127,6 +129,7 @@ def run_round(pair: Pair, data: Dict[str, Any], arrivals: List[Tuple[float, int,
     return {"arrivals": len(arrivals), "done": r.done, "wrong": r.wrong, "errors": r.errors,
             "cancelled": r.cancelled, "stalled_done": r.stalled, "wall_s": round(wall, 2),
             "req_per_s": r.done / wall, "tok_per_s": r.tokens / wall,
+            "good_tok_per_s": r.good_tokens / wall,
             "p50_s": lat[len(lat) // 2] if lat else None,
             "p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None}
 
@@ -138,11 +141,13 @@ def main() -> int:
     ap.add_argument("logdir")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--round-s", type=float, default=60.0)
-    ap.add_argument("--rate", type=float, default=1.5, help="arrivals per second")
+    ap.add_argument("--rate", type=float, default=0.5, help="arrivals per second")
     ap.add_argument("--stall-every", type=int, default=12)
     ap.add_argument("--cancel", type=float, default=0.10)
     ap.add_argument("--hold-extra-s", type=float, default=HOLD_EXTRA_S)
     ap.add_argument("--blocks", type=int, default=41)
+    ap.add_argument("--lease-s", type=float, default=15.0,
+                    help="the prefill's lease: long enough not to lapse in normal operation")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     HOLD_EXTRA_S = a.hold_extra_s
@@ -150,7 +155,8 @@ def main() -> int:
     os.makedirs(a.logdir, exist_ok=True)
     t_up = time.time()
     pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8200 + 10 * k,
-                        prefill_blocks=a.blocks) for k, rule in enumerate(RULES)}
+                        prefill_blocks=a.blocks, lease_s=a.lease_s)
+             for k, rule in enumerate(RULES)}
     rows: Dict[str, List[Dict[str, Any]]] = {rule: [] for rule in RULES}
     try:
         for p in pairs.values():
@@ -178,12 +184,14 @@ def main() -> int:
 
     summary: Dict[str, Any] = {"rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
                                "stall_every": a.stall_every, "cancel": a.cancel,
-                               "hold_s": LEASE_S + HOLD_EXTRA_S, "prefill_blocks": a.blocks,
+                               "lease_s": a.lease_s, "hold_s": a.lease_s + HOLD_EXTRA_S,
+                               "prefill_blocks": a.blocks,
                                "idle_kv_usage": idle}
     for rule in RULES:
         summary[rule] = {
             "req_per_s_median": round(med(rule, "req_per_s"), 3),
             "tok_per_s_median": round(med(rule, "tok_per_s"), 2),
+            "good_tok_per_s_median": round(med(rule, "good_tok_per_s"), 2),
             "p50_s_median": round(med(rule, "p50_s"), 3),
             "p99_s_median": round(med(rule, "p99_s"), 3),
             "done": sum(r["done"] for r in rows[rule]),
@@ -191,7 +199,7 @@ def main() -> int:
             "errors": sum(r["errors"] for r in rows[rule]),
             "cancelled": sum(r["cancelled"] for r in rows[rule]),
         }
-    for key in ("req_per_s_median", "tok_per_s_median"):
+    for key in ("req_per_s_median", "tok_per_s_median", "good_tok_per_s_median"):
         summary["ratio_" + key] = round(summary["kvfence"][key] / summary["stock"][key], 3)
     print(json.dumps(summary, indent=1))
     if a.out:

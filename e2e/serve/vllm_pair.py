@@ -41,7 +41,7 @@ class Server:
 
     def __init__(self, name: str, port: int, side_port: int, rule: str, model: str,
                  logdir: str, python: str, blocks: Optional[int] = None,
-                 push: bool = False) -> None:
+                 push: bool = False, lease_s: float = LEASE_S) -> None:
         self.name, self.port, self.rule = name, port, rule
         self.url = f"http://127.0.0.1:{port}"
         conn = {
@@ -53,7 +53,7 @@ class Server:
                                 "kv_connector_module_path": "kvfence.vllm"},
         }[(rule, push)]
         kv = dict(conn, kv_role="kv_both", kv_buffer_device="cpu",
-                  kv_connector_extra_config={"kv_lease_duration": LEASE_S,
+                  kv_connector_extra_config={"kv_lease_duration": lease_s,
                                              "kv_recompute_threshold": 0})
         args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
@@ -121,13 +121,14 @@ class Pair:
     """A prefill and a decode server, and the router between them."""
 
     def __init__(self, rule: str, model: str, logdir: str, python: str, base_port: int,
-                 push: bool = False, prefill_blocks: int = PREFILL_BLOCKS) -> None:
-        self.rule, self.push = rule, push
+                 push: bool = False, prefill_blocks: int = PREFILL_BLOCKS,
+                 lease_s: float = LEASE_S) -> None:
+        self.rule, self.push, self.lease_s = rule, push, lease_s
         tag = f"{rule}-{base_port}"
         self.prefill = Server(f"{tag}-prefill", base_port, base_port + 500, rule, model,
-                              logdir, python, blocks=prefill_blocks, push=push)
+                              logdir, python, blocks=prefill_blocks, push=push, lease_s=lease_s)
         self.decode = Server(f"{tag}-decode", base_port + 1, base_port + 600, rule, model,
-                             logdir, python, push=push)
+                             logdir, python, push=push, lease_s=lease_s)
 
     def wait_ready(self, timeout: float = 900.0) -> None:
         self.prefill.wait_ready(timeout)
