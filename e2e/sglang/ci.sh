@@ -10,7 +10,11 @@
 #      They are in no package registry: when e2e/sglang/.upstream/ lacks them (a clean
 #      CI clone), a NOTICE says so and that part is skipped (named in the count line);
 #   3. python/tests/test_sglang_adapter.py and test_sglang_real_classes.py (SGLang's real
-#      classes, built as its unit tests build them) in the SGLang environment.
+#      classes, built as its unit tests build them) in the SGLang environment;
+#   4. the same two files on SGLang 0.5.22 (the older supported release, unit level only:
+#      SGLANG_VERSION=0.5.22 setup.sh, a small venv over the 0.5.23 one's packages, ~3 min).
+#      Where its wheel cannot be had from the registry, a SKIP with the reason in the count
+#      line.
 # Builds the SGLang environment itself (setup.sh, cached outside the clone). Prints
 # PASS/FAIL lines and "N passed, M failed[, K skipped (why)]"; exit 1 on a failed check; a NOTICE and exit 0
 # only when a registry refuses a package or Mooncake cannot be loaded here.
@@ -43,10 +47,23 @@ unit_rc=$?
 (cd "$here/../../python" && KVFENCE_SGLANG=0 "$venv/bin/pytest" -q -p no:cacheprovider \
     tests/test_sglang_adapter.py tests/test_sglang_real_classes.py) > "$out/adapter.txt" 2>&1
 adapter_rc=$?
+# The same tests on SGLang 0.5.22 (its own patch table: kvfence._sglang_hooks).
+SGLANG_VERSION=0.5.22 "$here/setup.sh" > "$out/setup522.txt" 2>&1
+old_rc=$?
+if [ $old_rc = 0 ]; then
+    old_venv=$(SGLANG_VERSION=0.5.22 "$here/setup.sh" --print 2>/dev/null)
+    # (python -P: python/ is not put first on sys.path, so it cannot shadow the
+    # installed package; the 0.5.22 venv has no pytest script of its own)
+    (cd "$here/../../python" && KVFENCE_SGLANG=0 "$old_venv/bin/python" -P -m pytest -q \
+        -p no:cacheprovider tests/test_sglang_adapter.py tests/test_sglang_real_classes.py) \
+        > "$out/adapter522.txt" 2>&1
+    old_rc=$?
+fi
 
-"$venv/bin/python" - "$out" "$e2e_rc" "$unit_rc" "$adapter_rc" <<'PY'
+"$venv/bin/python" - "$out" "$e2e_rc" "$unit_rc" "$adapter_rc" "$old_rc" <<'PY'
 import json, re, sys
 out, e2e_rc, unit_rc, adapter_rc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+old_rc = int(sys.argv[5])
 passed = failed = 0
 skipped = []
 def check(name, ok, detail=""):
@@ -102,6 +119,19 @@ else:
 a = open(out + "/adapter.txt").read()
 check("kvfence.sglang's own tests (python/tests/test_sglang_adapter.py, test_sglang_real_classes.py)", adapter_rc == 0,
       (a.strip().splitlines() or ["no output"])[-1] if adapter_rc == 0 else a[-3000:])
+if old_rc == 77:
+    print("NOTICE: the SGLang 0.5.22 environment cannot be built here: "
+          + " | ".join(open(out + "/setup522.txt").read().strip().splitlines()[-2:]))
+    skipped.append("SGLang 0.5.22 unit level: its environment cannot be built here "
+                   "(a registry refused a package)")
+else:
+    try:
+        a = open(out + "/adapter522.txt").read()
+    except OSError:  # the setup failed
+        a = "setup: " + open(out + "/setup522.txt").read()
+    check("kvfence.sglang's own tests on SGLang 0.5.22 (unit level: test_sglang_adapter.py, "
+          "test_sglang_real_classes.py)", old_rc == 0,
+          (a.strip().splitlines() or ["no output"])[-1] if old_rc == 0 else a[-3000:])
 print("%d passed, %d failed%s" % (passed, failed, "".join(
     ", 1 skipped (%s)" % why for why in skipped)))
 sys.exit(1 if failed else 0)

@@ -4,6 +4,12 @@
 #
 #   e2e/sglang/setup.sh            build when missing, reinstall kvfence when its sources changed
 #   e2e/sglang/setup.sh --print    print the venv path (after making sure it is ready)
+#   SGLANG_VERSION=0.5.22 e2e/sglang/setup.sh [--print]
+#                                  the older supported release, for the unit-level checks:
+#                                  a small venv (sglang 0.5.22's wheel, ~35 MB, and kvfence)
+#                                  that takes every other package from the 0.5.23 venv
+#                                  (built first) through a .pth file: torch, Mooncake and
+#                                  the rest are shared, not downloaded again (~30 s)
 #
 # The venv lives outside the clone, keyed by the pinned versions:
 #   ${KVFENCE_CACHE:-$HOME/.cache/kvfence}/sglang-0.5.23-torch2.14.1-py3.X
@@ -26,7 +32,7 @@ PY=${PYTHON:-python3}
 log() { echo "sglang/setup: $*" >&2; }
 
 pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || { log "no $PY"; exit 1; }
-SGLANG_VERSION=0.5.23
+SGLANG_VERSION=${SGLANG_VERSION:-0.5.23}
 TORCH_VERSION=2.14.1
 VENV=${KVFENCE_SGLANG_VENV:-${KVFENCE_CACHE:-$HOME/.cache/kvfence}/sglang-$SGLANG_VERSION-torch$TORCH_VERSION-py$pyver}
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
@@ -53,6 +59,7 @@ build_venv() {
     pip install --upgrade pip || refused "pip upgrade refused"
     pip install "torch==$TORCH_VERSION" || refused "torch==$TORCH_VERSION refused"
     pip install --no-deps "sglang==$SGLANG_VERSION" || refused "sglang==$SGLANG_VERSION refused"
+    ln -sf "$base/bin/maturin" "$VENV/bin/maturin"  # (a native binary: kvfence's build)
     # What the disaggregation stack imports (sglang.srt.utils.common imports starlette,
     # hence fastapi); pip's pin complaints about tokenizers/sentencepiece are harmless.
     pip install msgspec requests 'pyzmq>=25.1.2' aiohttp pytest orjson apache-tvm-ffi==0.1.11 \
@@ -74,6 +81,35 @@ build_venv() {
 # install_kvfence VENV MODULE CARGO_TARGET
 . "$root/e2e/install-kvfence.sh"
 
-build_venv
+# The older release over the newest one's packages (see the top). Its own site-packages
+# come first on sys.path, so `import sglang` and importlib.metadata's version("sglang")
+# find 0.5.22; everything else comes from the 0.5.23 venv's site-packages.
+build_overlay() {
+    if [ -f "$VENV/.complete" ]; then return 0; fi
+    if [ -e "$VENV" ]; then log "removing incomplete $VENV"; rm -rf "$VENV"; fi
+    local base
+    base=$(SGLANG_VERSION=0.5.23 "$here/setup.sh" --print) || exit $?
+    log "building $VENV over $base"
+    "$PY" -m venv "$VENV" || { log "venv failed"; exit 1; }
+    local own shared
+    own=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    shared=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import site; site.addsitedir('$shared')" > "$own/zz-kvfence-sglang-shared.pth"
+    pip install --no-deps "sglang==$SGLANG_VERSION" || refused "sglang==$SGLANG_VERSION refused"
+    "$VENV/bin/python" - "$SGLANG_VERSION" <<'PYCHECK' || { log "the overlay does not see sglang $SGLANG_VERSION first"; exit 1; }
+import sys
+from importlib.metadata import version
+import sglang.srt.disaggregation.mooncake.conn, sglang.srt.disaggregation.decode
+assert version("sglang") == sys.argv[1], version("sglang")
+assert "/sglang-" + sys.argv[1] + "-" in sglang.__file__, sglang.__file__
+PYCHECK
+    date -u > "$VENV/.complete"
+}
+
+if [ "$SGLANG_VERSION" = 0.5.23 ]; then
+    build_venv
+else
+    build_overlay
+fi
 install_kvfence "$VENV" kvfence.sglang "$root/target/sglang-cargo"
 if [ "${1:-}" = --print ]; then echo "$VENV"; else log "ready: $VENV"; fi

@@ -4,6 +4,7 @@ hook). The adapter against SGLang itself is checked by e2e/sglang/ (SGLang's own
 and its own unit tests)."""
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,13 +37,76 @@ def test_config_bad_values_are_clear_errors(name, value):
         ks.Config.from_env({name: value})
 
 
-def test_install_refuses_another_sglang_and_changes_nothing(monkeypatch):
-    monkeypatch.setattr(ks, "_sglang_version", lambda: "0.5.22")
-    with pytest.raises(ks.UnsupportedSGLangVersion, match=r"0\.5\.22") as e:
+def _sglang_copy_with_one_hook_changed(tmp_path):
+    """A copy of the installed SGLang's disaggregation sources (the files the hook
+    digests read) with one hooked method changed: its root, for installed_root()."""
+    import shutil
+
+    from kvfence import _sglang_hooks
+
+    root = _sglang_hooks.installed_root()
+    assert root is not None
+    dst = os.path.join(str(tmp_path), _sglang_hooks._DISAGG)
+    shutil.copytree(os.path.join(root, _sglang_hooks._DISAGG), dst)
+    path = os.path.join(dst, "common", "conn.py")
+    text = open(path).read()
+    marker = '''"""Record an ACK only for the generation currently holding the room."""'''
+    assert text.count(marker) == 1
+    open(path, "w").write(text.replace(marker, '"""Changed."""'))
+    return str(tmp_path)
+
+
+def test_install_decides_support_by_the_code_not_the_version(monkeypatch, tmp_path):
+    """The installed SGLang's hooks match the row of its own release (0.5.22 or 0.5.23),
+    whatever its version string says (a local suffix changes nothing); a copy of it with
+    one hooked method changed is refused, nothing changed, the error naming the
+    version found, the supported range and the method that differs."""
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
+    from importlib.metadata import version
+
+    from kvfence import _sglang_hooks
+
+    if ks.installed():
+        pytest.skip("installed by the start-up hook in this process")
+    found = version("sglang")
+    root = _sglang_hooks.installed_root()
+    assert _sglang_hooks.match(_sglang_hooks.digests(root)) == (found, [])
+    assert set(ks.SUPPORTED_SGLANG) == {"0.5.22", "0.5.23"}
+    monkeypatch.setattr(ks, "_sglang_version", lambda: found + "+local")
+    ks.install()
+    try:
+        assert ks.installed()
+    finally:
+        ks.uninstall()
+    changed = _sglang_copy_with_one_hook_changed(tmp_path)
+    monkeypatch.setattr(_sglang_hooks, "installed_root", lambda: changed)
+    with pytest.raises(ks.UnsupportedSGLangVersion,
+                       match=r"supports SGLang 0\.5\.22 - 0\.5\.23 only; the installed SGLang "
+                             r"is %s\+local, whose code differs .* in "
+                             r"CommonKVManager\.note_abort_ack\." % re.escape(found)):
         ks.install()
-    assert "0.5.23" in str(e.value)
     assert not ks.installed()
     ks.uninstall()  # a no-op when not installed
+
+
+def test_each_release_has_its_own_decode_patch_table():
+    """0.5.22's metadata goes out through MooncakeKVReceiver.send_metadata (no
+    destination parameter), 0.5.23's through CommonKVReceiver's: each release's table
+    wraps the method that release calls, and only that one."""
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
+    from importlib.metadata import version
+
+    from kvfence.sglang import decode as kdec
+
+    table = {(o.__name__, n) for o, n, _ in kdec.patches(version("sglang"))}
+    if version("sglang") == "0.5.22":
+        assert ("MooncakeKVReceiver", "send_metadata") in table
+        assert ("CommonKVReceiver", "send_metadata") not in table
+    else:
+        assert ("CommonKVReceiver", "send_metadata") in table
+        assert ("MooncakeKVReceiver", "send_metadata") not in table
+    with pytest.raises(ValueError, match="0.5.21"):
+        kdec.patches("0.5.21")
 
 
 def test_install_without_sglang_is_a_clear_error():
@@ -152,13 +216,13 @@ def test_snapshot_without_managers():
 
 def test_install_uninstall_on_the_real_sglang(monkeypatch):
     pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
-    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.disaggregation.decode import DecodeTransferQueue
 
     if ks.installed():
         pytest.skip("installed by the start-up hook in this process")
     before = {(c, n): c.__dict__[n] for c, n in [
-        (CommonKVReceiver, "send_metadata"), (CommonKVManager, "note_abort_ack"),
+        (_send_metadata_owner(), "send_metadata"), (CommonKVManager, "note_abort_ack"),
         (DecodeTransferQueue, "resolve_deferred_releases")]}
     ks.install()
     try:
@@ -174,14 +238,24 @@ def test_install_uninstall_on_the_real_sglang(monkeypatch):
         assert c.__dict__[n] is f
 
 
-@pytest.mark.parametrize("target", ["CommonKVReceiver.send_metadata", "FastQueue.get"])
+def _send_metadata_owner():
+    """The class whose send_metadata SGLang's decode calls (and kvfence wraps):
+    MooncakeKVReceiver on 0.5.22, CommonKVReceiver on 0.5.23."""
+    from sglang.srt.disaggregation.common.conn import CommonKVReceiver
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVReceiver
+
+    return MooncakeKVReceiver if "send_metadata" in MooncakeKVReceiver.__dict__ \
+        else CommonKVReceiver
+
+
+@pytest.mark.parametrize("target", ["send_metadata", "FastQueue.get"])
 def test_install_refuses_a_mirrored_method_with_other_parameters(monkeypatch, target):
-    """The wrappers on the hot paths mirror SGLang 0.5.23's parameters, so that they call
-    SGLang with a plain positional call (no repacking): ``send_metadata`` (every request)
-    and the prefill worker queue's ``get`` (every chunk). An SGLang whose method takes
-    others is refused, nothing patched."""
+    """The wrappers on the hot paths mirror SGLang's parameters (each release's), so that
+    they call SGLang with a plain positional call (no repacking): ``send_metadata`` (every
+    request) and the prefill worker queue's ``get`` (every chunk). An SGLang whose method
+    takes others is refused, nothing patched."""
     pytest.importorskip("sglang.srt.disaggregation.mooncake.conn")
-    from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.disaggregation.common.utils import FastQueue
 
     if ks.installed():
@@ -190,8 +264,12 @@ def test_install_refuses_a_mirrored_method_with_other_parameters(monkeypatch, ta
     def other(self, kv_indices=None, extra=None):
         raise AssertionError("not called")
 
-    cls, name = target.split(".")
-    owner = {"CommonKVReceiver": CommonKVReceiver, "FastQueue": FastQueue}[cls]
+    if target == "send_metadata":
+        owner, name = _send_metadata_owner(), "send_metadata"
+    else:
+        owner, name = FastQueue, "get"
+    # (the digests read the files, not the classes: the release is still recognized,
+    # and the parameter check refuses)
     monkeypatch.setattr(owner, name, other)
     ack = CommonKVManager.__dict__["note_abort_ack"]
     with pytest.raises(RuntimeError, match=r"%s takes .*'extra'.*nothing was changed" % name):
@@ -462,7 +540,7 @@ def _load_plugins_with_kvfence(monkeypatch):
     plugins.load_plugins()
 
 
-def test_sglang_plugins_enables_kvfence_through_sglangs_own_loader(monkeypatch):
+def test_sglang_plugins_enables_kvfence_through_sglangs_own_loader(monkeypatch, tmp_path):
     """SGLANG_PLUGINS=kvfence (read by SGLang's load_plugins) installs kvfence in the
     process; installed but not named (SGLANG_PLUGINS unset or naming others), it stays
     off; on an SGLang it does not support, the process stops with the supported versions
@@ -482,8 +560,12 @@ def test_sglang_plugins_enables_kvfence_through_sglangs_own_loader(monkeypatch):
         assert ks.installed()
     finally:
         ks.uninstall()
+    from kvfence import _sglang_hooks
+
     monkeypatch.setattr(ks, "_sglang_version", lambda: "0.5.21")
-    with pytest.raises(SystemExit, match=r"supports SGLang 0\.5\.23.*0\.5\.21"):
+    changed = _sglang_copy_with_one_hook_changed(tmp_path)
+    monkeypatch.setattr(_sglang_hooks, "installed_root", lambda: changed)
+    with pytest.raises(SystemExit, match=r"supports SGLang 0\.5\.22 - 0\.5\.23 .*0\.5\.21"):
         _load_plugins_with_kvfence(monkeypatch)
     assert not ks.installed()
 

@@ -138,7 +138,8 @@ class Decode:
         q.gloo_group = None
         q.tp_rank = 0
         q.queue = []
-        q.metadata_buffers = SimpleNamespace(clear_slot=lambda idx: None)
+        # (0.5.23 clears a slot with clear_slot, 0.5.22 writes bootstrap_room[idx] = 0)
+        q.metadata_buffers = SimpleNamespace(clear_slot=lambda idx: None, bootstrap_room={})
         q.req_to_metadata_buffer_idx_allocator = SimpleNamespace(free=lambda idx: None)
         q.scheduler = SimpleNamespace(
             enable_decode_hicache=False, enable_hisparse=False,
@@ -163,6 +164,7 @@ class Decode:
         r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
         r._abort_generation, r._owns_bootstrap_room = None, True
         r.required_dst_info_num = 1
+        r.session_id = "127.0.0.1:17000"  # (0.5.22's send_metadata reads it)
         lock = threading.Lock()
         r._connect_to_bootstrap_server = lambda bi: (self.sock, lock)
         self.mgr.request_status[room] = KVPoll.WaitingForInput
@@ -202,8 +204,10 @@ def _min_with_a_peer_rank(monkeypatch: pytest.MonkeyPatch, q: Any) -> None:
     real = dist.get_world_size
     monkeypatch.setattr(dist, "get_world_size",
                         lambda group=None: 2 if group is peer else real(group))
+    # (SGLang 0.5.22 reduces no device entry across ranks: it has no all_reduce_flags)
     monkeypatch.setattr(dec, "all_reduce_flags",
-                        lambda flags, group, op: [min(int(f), 1) for f in flags])
+                        lambda flags, group, op: [min(int(f), 1) for f in flags],
+                        raising=False)
 
 
 # -- item 2: decisions per held request, never per bootstrap_room -------------------------
@@ -454,6 +458,17 @@ def test_release_memory_occupation_ends_what_kvfence_counts_as_held(
 # -- item 4: prefill rooms of waiting-queue aborts, and a full table -------------------------
 
 
+class _Sender(CommonKVSender):  # type: ignore[misc]
+    """SGLang's CommonKVSender (abstract in 0.5.22: its poll and failure_exception are the
+    backend's), every method kvfence wraps inherited."""
+
+    def poll(self) -> Any:  # pragma: no cover - not called
+        raise NotImplementedError
+
+    def failure_exception(self) -> Any:  # pragma: no cover - not called
+        raise NotImplementedError
+
+
 class Prefill:
     """A prefill MooncakeKVManager built with ``__new__`` (what its sender, abort and ACK
     methods read), with kvfence's gate attached as the wrapped ``__init__`` does."""
@@ -475,7 +490,7 @@ class Prefill:
         """A sender as the scheduler's bootstrap queue makes one (its room opened by the
         wrapped ``__init__``: kvfence's step of it, as SGLang's __init__ needs a
         published runtime context)."""
-        s = CommonKVSender.__new__(CommonKVSender)
+        s = _Sender.__new__(_Sender)
         s.kv_mgr, s.bootstrap_room, s.conclude_state = self.mgr, room, None
         s._owns_bootstrap_room = True
         s.trace_ctx = SimpleNamespace(abort=lambda **kw: None, trace_req_finish=lambda: None)
@@ -665,6 +680,7 @@ def _request2(d: Decode, room: int, rid: str) -> Any:
     r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
     r._abort_generation, r._owns_bootstrap_room = None, True
     r.required_dst_info_num = 1
+    r.session_id = "127.0.0.1:17000"  # (0.5.22's send_metadata reads it)
     lock = threading.Lock()
     r._connect_to_bootstrap_server = lambda bi: (d.sock, lock)
     d.mgr.request_status[room] = KVPoll.WaitingForInput

@@ -140,10 +140,14 @@ def decode_manager(kvfence_on: bool) -> Any:
     return mgr
 
 
-# SGLang 0.5.23's own send_metadata (its message built for every prefill rank, sent to the
-# fake socket below), as the scheduler runs it for every request; kvfence wraps it.
-_sglang_send_metadata = getattr(CommonKVReceiver.__dict__["send_metadata"],
-                                "__kvfence_original__", CommonKVReceiver.__dict__["send_metadata"])
+# SGLang's own send_metadata (its message built for every prefill rank, sent to the fake
+# socket below), as the scheduler runs it for every request; kvfence wraps it. SGLang
+# 0.5.23 defines it on CommonKVReceiver, 0.5.22 on MooncakeKVReceiver (no destination
+# parameter): kvfence's wrapper for each.
+_SEND_OWNER = MooncakeKVReceiver if "send_metadata" in MooncakeKVReceiver.__dict__ \
+    else CommonKVReceiver
+_sglang_send_metadata = getattr(_SEND_OWNER.__dict__["send_metadata"],
+                                "__kvfence_original__", _SEND_OWNER.__dict__["send_metadata"])
 
 
 # kvfence_on -> send_metadata as the benchmark calls it (the A/B sets other adapters')
@@ -156,7 +160,9 @@ def send_metadata(kvfence_on: bool) -> Any:
     if f is None:
         from kvfence.sglang import decode as kdec
 
-        f = SEND_METADATA[kvfence_on] = kdec._send_metadata(_sglang_send_metadata)
+        wrap = kdec._send_metadata_0522 if _SEND_OWNER is MooncakeKVReceiver \
+            else kdec._send_metadata
+        f = SEND_METADATA[kvfence_on] = wrap(_sglang_send_metadata)
     return f
 
 
@@ -197,6 +203,7 @@ def _receiver(mgr: Any, room: int, info: Any, cls: type = MooncakeKVReceiver) ->
     r.init_time, r.abort_notified, r.conclude_state = 1.0, False, None
     r._abort_generation, r._owns_bootstrap_room = None, True
     r.required_dst_info_num = 1
+    r.session_id = "127.0.0.1:17000"  # (0.5.22's send_metadata reads it)
     r._connect_to_bootstrap_server = _connect
     return r
 
@@ -255,7 +262,7 @@ def decode_lifecycle(n: int, kvfence_on: bool) -> Dict[str, float]:
     q.tree_cache = object()
     q.gloo_group = None
     q.tp_rank = 0
-    q.metadata_buffers = SimpleNamespace(clear_slot=lambda idx: None)
+    q.metadata_buffers = SimpleNamespace(clear_slot=lambda idx: None, bootstrap_room={})
     q.req_to_metadata_buffer_idx_allocator = SimpleNamespace(free=lambda idx: None)
     q.scheduler = SimpleNamespace(
         enable_decode_hicache=False, enable_hisparse=False,

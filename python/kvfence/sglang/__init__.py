@@ -1,7 +1,9 @@
 """kvfence as SGLang's release gate, on both sides of its Mooncake PD disaggregation.
 
-Supported: **SGLang 0.5.23** with the Mooncake transfer backend (any other version is
-refused by :func:`install`, which then changes nothing).
+Supported: **SGLang 0.5.22 and 0.5.23** with the Mooncake transfer backend, decided by
+their code (:mod:`kvfence._sglang_hooks`: every method kvfence wraps or relies on must be,
+digest for digest, one of theirs); any other SGLang is refused by :func:`install`, which
+names the supported range and the methods that differ, and changes nothing.
 
     import kvfence.sglang
     kvfence.sglang.install()     # before SGLang builds its KV managers; idempotent
@@ -33,6 +35,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .. import _sglang_hooks
 from . import _state, metrics
 from ._config import Config
 from ._patching import Patch, PatchSet
@@ -50,8 +53,9 @@ __all__ = [
     "snapshot",
 ]
 
-#: The SGLang versions this adapter was built and tested for.
-SUPPORTED_SGLANG: Tuple[str, ...] = ("0.5.23",)
+#: The SGLang releases this adapter was built and tested for (decided by their code:
+#: :mod:`kvfence._sglang_hooks`).
+SUPPORTED_SGLANG: Tuple[str, ...] = tuple(_sglang_hooks.TESTED)
 
 logger = _state.logger
 _lock = threading.RLock()
@@ -71,6 +75,25 @@ def _sglang_version() -> str:
         raise UnsupportedSGLangVersion(
             "kvfence.sglang: SGLang is not installed (supported: %s)" % ", ".join(SUPPORTED_SGLANG)
         ) from None
+
+
+def _supported_release(found: str) -> str:
+    """The tested release whose code the installed SGLang has (every method kvfence
+    wraps or relies on, digest for digest: :mod:`kvfence._sglang_hooks`); raises
+    :class:`UnsupportedSGLangVersion` naming the version found, the supported range and
+    the methods that differ."""
+    root = _sglang_hooks.installed_root()
+    if root is None:
+        raise UnsupportedSGLangVersion(
+            "kvfence.sglang: SGLang is not installed (supported: %s)"
+            % _sglang_hooks.supported_range())
+    release, diff = _sglang_hooks.match(_sglang_hooks.digests(root))
+    if release is None:
+        raise UnsupportedSGLangVersion(
+            "kvfence.sglang supports SGLang %s only; the installed SGLang is %s, whose "
+            "code differs from every supported release in %s. Nothing was changed."
+            % (_sglang_hooks.supported_range(), found, ", ".join(diff)))
+    return release
 
 
 def _attach_for(mgr: Any, side: Optional[str] = None) -> Optional[str]:
@@ -166,8 +189,9 @@ def install(config: Optional[Config] = None) -> None:
     tests) gets its gate at its first use (``_LazyGate``). ``config`` defaults to
     :meth:`Config.from_env`.
 
-    Raises :class:`UnsupportedSGLangVersion` (naming the version found) on any SGLang but
-    :data:`SUPPORTED_SGLANG`, and ``RuntimeError`` if a method it wraps is missing; in
+    Raises :class:`UnsupportedSGLangVersion` (naming the version found, the supported
+    range and the methods that differ) on any SGLang whose code is not one of
+    :data:`SUPPORTED_SGLANG`'s, and ``RuntimeError`` if a method it wraps is missing; in
     both cases nothing was changed.
     """
     global _patches
@@ -175,17 +199,14 @@ def install(config: Optional[Config] = None) -> None:
         if _patches is not None:
             return
         found = _sglang_version()
-        if found not in SUPPORTED_SGLANG:
-            raise UnsupportedSGLangVersion(
-                "kvfence.sglang supports SGLang %s only; the installed SGLang is %s. "
-                "Nothing was changed." % (" / ".join(SUPPORTED_SGLANG), found))
+        release = _supported_release(found)
         cfg = config if config is not None else Config.from_env()
         from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
         from . import decode, prefill
 
         ps = PatchSet([Patch(MooncakeKVManager, "__init__", _manager_init)])
-        for owner, name, make in decode.patches() + prefill.patches():
+        for owner, name, make in decode.patches(release) + prefill.patches():
             ps.patches.append(Patch(owner, name, make))
         missing = ps.check()
         if missing:
@@ -199,8 +220,8 @@ def install(config: Optional[Config] = None) -> None:
         _patches = ps
         if cfg.metrics:
             metrics.register()
-        logger.info("kvfence.sglang installed into SGLang %s (%d methods wrapped)",
-                    found, len(ps.patches))
+        logger.info("kvfence.sglang installed into SGLang %s (the code of %s; %d methods "
+                    "wrapped)", found, release, len(ps.patches))
 
 
 class RoomsStillHeld(RuntimeError):

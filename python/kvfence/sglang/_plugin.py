@@ -42,15 +42,11 @@ def register() -> None:
         logger.debug("kvfence.sglang: installed as an SGLang plugin but not enabled "
                      "(SGLANG_PLUGINS=kvfence enables it)")
         return
-    from . import SUPPORTED_SGLANG, UnsupportedSGLangVersion, _sglang_version
+    from . import _sglang_version, _supported_release
     from ._startup import arm
 
     try:
-        found = _sglang_version()
-        if found not in SUPPORTED_SGLANG:
-            raise UnsupportedSGLangVersion(
-                "kvfence.sglang supports SGLang %s only; the installed SGLang is %s"
-                % (" / ".join(SUPPORTED_SGLANG), found))
+        _supported_release(_sglang_version())  # (by the code, as install() decides)
         arm()
     except Exception as e:  # noqa: BLE001 - any failure to protect is fatal here
         raise SystemExit("kvfence.sglang was enabled (SGLANG_PLUGINS=kvfence) but cannot "

@@ -6,7 +6,7 @@ decode ``MooncakeKVManager``. The wrappers below are installed by
 :func:`kvfence.sglang.install`; each calls SGLang's own method and adds one decision:
 
 ============================================  =================================================
-SGLang method (0.5.23)                        what kvfence adds
+SGLang method (0.5.23; on 0.5.22 see below)  what kvfence adds
 ============================================  =================================================
 ``CommonKVReceiver.send_metadata``            keeps, on the receiver and before the metadata
                                               goes out, what the request's room would be:
@@ -64,6 +64,12 @@ SGLang method (0.5.23)                        what kvfence adds
                                               no socket left from its bootstrap host or any
                                               ``rank_ip`` its ranks registered)
 ============================================  =================================================
+
+On SGLang 0.5.22 (``patches("0.5.22")``) the request's metadata goes out through
+``MooncakeKVReceiver.send_metadata`` (no ``destination`` parameter; 0.5.23 moved it to
+``CommonKVReceiver``), wrapped with the same decision, and a held entry is a host
+destination when ``enable_host_receive and decode_req.host_staged`` (0.5.22 has no
+``_is_host_destination``; nor does it MIN-reduce device entries across ranks).
 
 SGLang's cross-rank MIN reduction (``all_reduce_flags`` in ``resolve_deferred_releases``)
 is untouched: kvfence's decision is the per-rank ``is_drained`` it reduces.
@@ -554,6 +560,23 @@ _ERROR = kvfence.Error
 _ATTR = "_kvfence"
 _SEND_METADATA_PARAMS = ["self", "kv_indices", "aux_index", "state_indices",
                          "decode_prefix_len", "destination", "device_kv_indices"]
+_SEND_METADATA_PARAMS_0522 = ["self", "kv_indices", "aux_index", "state_indices",
+                              "decode_prefix_len", "device_kv_indices"]
+
+
+def _is_host_0523(queue: Any, decode_req: Any) -> bool:
+    return bool(queue._is_host_destination(decode_req))
+
+
+def _is_host_0522(queue: Any, decode_req: Any) -> bool:
+    # SGLang 0.5.22's DecodeTransferQueue has no _is_host_destination; its own code
+    # tests this (resolve_deferred_releases, _defer_release, _do_release).
+    return bool(queue.enable_host_receive and decode_req.host_staged)
+
+
+# Whether a held entry is a host destination (SGLang asks its receiver, not its manager):
+# set by patches() for the release installed.
+_IS_HOST: Callable[[Any, Any], bool] = _is_host_0523
 _DEVICE: Any = None  # KVTransferDestination.DEVICE, send_metadata's default (set by patches())
 # Wrappers read these with getattr(obj, name, None), never through obj.__dict__: in CPython
 # 3.11+ touching an instance's __dict__ moves its attributes out of the inline values
@@ -617,6 +640,30 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
             self._kvfence = (c, kv_indices, aux_index, state_indices)
         return orig(self, kv_indices, aux_index, state_indices, decode_prefix_len,
                     destination, device_kv_indices)
+    return send_metadata
+
+
+def _send_metadata_0522(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang 0.5.22's ``MooncakeKVReceiver.send_metadata`` (no ``destination``
+    parameter; the Mooncake receiver's own method, which 0.5.23 moved to
+    ``CommonKVReceiver``): the same decision as :func:`_send_metadata`'s."""
+
+    def send_metadata(self: Any, kv_indices: Any, aux_index: Optional[int] = None,
+                      state_indices: Optional[List[Any]] = None,
+                      decode_prefix_len: Optional[int] = None,
+                      device_kv_indices: Any = None) -> Any:
+        gate = getattr(self.kv_mgr, _KEY, None)
+        if gate is not None and self.bootstrap_infos is not None:
+            info = self.prefill_info
+            c = gate.writer_cache.get(id(info))
+            if c is None or c.info is not info:
+                c = gate.writers_of(self)
+            if c.error is not None:
+                gate.refuse(self, c.error)
+                return None
+            self._kvfence = (c, kv_indices, aux_index, state_indices)
+        return orig(self, kv_indices, aux_index, state_indices, decode_prefix_len,
+                    device_kv_indices)
     return send_metadata
 
 
@@ -773,10 +820,10 @@ def _scan(self: Any, orig: Callable[..., Any]) -> Any:
     (and at attention TP > 1 every rank's answers are MIN-reduced entry by entry), so the
     answers are queued per (manager, room) in that order."""
     asks: Dict[Tuple[int, int], List[Optional[int]]] = {}
-    host = self._is_host_destination
+    is_host = _IS_HOST
     for e in self._deferred_releases:
         d = e[0]
-        if host(d):
+        if is_host(self, d):
             continue
         r = d.kv_receiver
         h = getattr(r, _ATTR, None)
@@ -1037,23 +1084,36 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _handle_node_failure
 
 
-def patches() -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
-    """The decode-side wrappers, as ``(class, method, make_wrapper)``."""
+def patches(release: str = "0.5.23"
+            ) -> List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+    """The decode-side wrappers for SGLang ``release`` (one of
+    :data:`kvfence._sglang_hooks.TESTED`), as ``(class, method, make_wrapper)``."""
     from sglang.srt.disaggregation.common.conn import CommonKVManager, CommonKVReceiver  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.base.conn import KVPoll, KVTransferDestination  # type: ignore[import-untyped,import-not-found,unused-ignore]
     from sglang.srt.disaggregation.decode import DecodeTransferQueue  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVReceiver  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     from sglang.srt.disaggregation.common.conn import ABORT_ACK_TAG  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    global _SUCCESS, _DEVICE, _ABORT_ACK_TAG
+    global _SUCCESS, _DEVICE, _ABORT_ACK_TAG, _IS_HOST
     _SUCCESS = KVPoll.Success
     _DEVICE = KVTransferDestination.DEVICE
     _ABORT_ACK_TAG = ABORT_ACK_TAG
     # The send_metadata wrapper mirrors SGLang's parameters (no *args repacking): refuse,
     # before anything is patched, an SGLang whose method takes others.
-    require_params(CommonKVReceiver, "send_metadata", _SEND_METADATA_PARAMS)
+    if release == "0.5.22":
+        require_params(MooncakeKVReceiver, "send_metadata", _SEND_METADATA_PARAMS_0522)
+        send: Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]] = (
+            MooncakeKVReceiver, "send_metadata", _send_metadata_0522)
+        _IS_HOST = _is_host_0522
+    elif release == "0.5.23":
+        require_params(CommonKVReceiver, "send_metadata", _SEND_METADATA_PARAMS)
+        send = (CommonKVReceiver, "send_metadata", _send_metadata)
+        _IS_HOST = _is_host_0523
+    else:
+        raise ValueError("kvfence.sglang: no decode patch table for SGLang %s" % release)
     return [
-        (CommonKVReceiver, "send_metadata", _send_metadata),
+        send,
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),
         (CommonKVManager, "register_deferred_abort_room", _register_deferred_abort_room),
         (CommonKVManager, "note_abort_ack", _note_abort_ack),

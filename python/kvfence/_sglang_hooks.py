@@ -1,0 +1,169 @@
+"""Which SGLang releases ``kvfence.sglang`` supports, decided by the code it relies on.
+
+``kvfence.sglang`` wraps SGLang methods in place and calls or relies on others (the
+decode's ACK tracker, the release path, the prefill's transfer worker and drain ACK). A
+release is supported when *every one of those methods* is, byte for byte, the method of a
+release kvfence was tested against: the digest of each method's source (its ``def`` with
+its decorators, dedented; SHA-256, first 12 hex digits; ``"missing"`` where the class does
+not define it) must equal that release's row in :data:`TESTED`. The version string plays
+no part in the decision (it is only named in the refusal): a local build of a tested
+release is accepted, an untested one is refused with the list of the methods that differ
+from the closest tested release.
+
+Each tested release has its own patch table (``decode.patches(release)``): SGLang 0.5.22
+defines ``send_metadata`` on ``MooncakeKVReceiver`` (without a ``destination``
+parameter), 0.5.23 on ``CommonKVReceiver``; 0.5.22's ``DecodeTransferQueue`` has no
+``_is_host_destination`` (a held entry is a host one when ``enable_host_receive and
+decode_req.host_staged``).
+
+This module imports nothing from SGLang: it reads the sources (``ast``), so the table can
+be made from an unpacked wheel (``python -m kvfence._sglang_hooks SITE_PACKAGES``) and
+checked before the adapter imports SGLang's classes.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import sys
+import textwrap
+from typing import Dict, List, Mapping, Optional, Tuple
+
+_DISAGG = "sglang/srt/disaggregation"
+
+#: (module file under ``sglang/srt/disaggregation/``, class, method): every SGLang method
+#: ``kvfence.sglang`` wraps, calls, or whose behaviour it relies on.
+HOOKS: Tuple[Tuple[str, str, str], ...] = (
+    ("common/conn.py", "CommonKVReceiver", "send_metadata"),
+    ("mooncake/conn.py", "MooncakeKVReceiver", "send_metadata"),
+    ("common/conn.py", "CommonKVReceiver", "_send_abort_notification"),
+    ("common/conn.py", "CommonKVReceiver", "ensure_abort_notified"),
+    ("common/conn.py", "CommonKVReceiver", "abort"),
+    ("common/conn.py", "CommonKVReceiver", "clear"),
+    ("common/conn.py", "CommonKVManager", "register_deferred_abort_room"),
+    ("common/conn.py", "CommonKVManager", "note_abort_ack"),
+    ("common/conn.py", "CommonKVManager", "handle_abort_ack_message"),
+    ("common/conn.py", "CommonKVManager", "is_abort_release_safe"),
+    ("common/conn.py", "CommonKVManager", "clear_deferred_abort_state"),
+    ("common/conn.py", "CommonKVManager", "_handle_node_failure"),
+    ("common/conn.py", "CommonKVManager", "record_failure"),
+    ("common/conn.py", "CommonKVManager", "update_status"),
+    ("common/conn.py", "CommonKVManager", "_maybe_ack_drained_abort"),
+    ("common/conn.py", "CommonKVManager", "_send_abort_acks"),
+    ("common/conn.py", "CommonKVManager", "register_deferred_ack_target"),
+    ("common/conn.py", "CommonKVManager", "poison_deferred_ack_room"),
+    ("common/conn.py", "CommonKVManager", "_prefill_unique_rank"),
+    ("common/conn.py", "CommonKVSender", "__init__"),
+    ("common/conn.py", "CommonKVSender", "clear"),
+    ("common/conn.py", "CommonKVSender", "abort"),
+    ("common/utils.py", "FastQueue", "get"),
+    ("mooncake/conn.py", "MooncakeKVManager", "transfer_worker"),
+    ("mooncake/conn.py", "MooncakeKVManager", "_poison_unsettled_send"),
+    ("mooncake/conn.py", "MooncakeKVManager", "_handle_abort_notification"),
+    ("decode.py", "DecodeTransferQueue", "resolve_deferred_releases"),
+    ("decode.py", "DecodeTransferQueue", "pop_transferred"),
+    ("decode.py", "DecodeTransferQueue", "_defer_release"),
+    ("decode.py", "DecodeTransferQueue", "_do_release"),
+    ("decode.py", "DecodeTransferQueue", "release_memory_occupation"),
+    ("decode.py", "DecodeTransferQueue", "_is_host_destination"),
+)
+
+#: The releases kvfence was tested against: release -> the digest of each hook (in
+#: :data:`HOOKS` order). Made with ``python -m kvfence._sglang_hooks`` on each release's
+#: site-packages; ``e2e/sglang/ci.sh`` checks that each environment matches its row.
+TESTED: Dict[str, Tuple[str, ...]] = {
+    "0.5.22": (
+        "ef54c54ec0fd", "b144c9c23c7e", "b096d37023df", "928d1c998aa3", "e18d207ee461",
+        "74c161d28eb9", "9891b8c45839", "a15176d9bce6", "db1f252ed058", "f85324218743",
+        "46b0c2767f42", "758e288e8c48", "8b20ba0e9f93", "a5edfc22b41c", "182dff5121d8",
+        "6d8de9a9717e", "037dd50a0dcd", "557f0209a81d", "47598697af2e", "be4e66ab2330",
+        "39e309e861a7", "40e8c78b2bb6", "cd8544785d21", "342067ffd1b5", "a9ae6c3f2e18",
+        "4fee508280a4", "264087073eef", "f6e5bd05c6fb", "2a3d239c0bc0", "616fee555f8d",
+        "85d03764adb3", "missing",
+    ),
+    "0.5.23": (
+        "938def6fade3", "missing", "b096d37023df", "928d1c998aa3", "a4fbc4dfe8cf",
+        "74c161d28eb9", "9891b8c45839", "a15176d9bce6", "db1f252ed058", "f85324218743",
+        "46b0c2767f42", "c07ccb11aad7", "8b20ba0e9f93", "a5edfc22b41c", "182dff5121d8",
+        "6d8de9a9717e", "037dd50a0dcd", "557f0209a81d", "47598697af2e", "dbe228b2a27f",
+        "01c22eeaef89", "623e05d628b0", "cd8544785d21", "8345ae76f0a5", "a9ae6c3f2e18",
+        "4fee508280a4", "c6ae3e5fb7ae", "9f2df2dae63d", "6106654ea4d9", "b8d18695d2ed",
+        "85d03764adb3", "bf446c3aaccd",
+    ),
+}
+
+
+def _method_source(tree: ast.Module, lines: List[str], cls: str, name: str) -> Optional[str]:
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+                    first = min([d.lineno for d in item.decorator_list] + [item.lineno])
+                    end = item.end_lineno or item.lineno
+                    return textwrap.dedent("".join(lines[first - 1 : end]))
+    return None
+
+
+def digests(root: str) -> Tuple[str, ...]:
+    """The digest of each hook of the SGLang whose package directory is ``root/sglang``
+    (``"missing"`` for a hook not found)."""
+    out: List[str] = []
+    parsed: Dict[str, Tuple[ast.Module, List[str]]] = {}
+    for fname, cls, name in HOOKS:
+        if fname not in parsed:
+            path = os.path.join(root, _DISAGG, fname)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError:
+                parsed[fname] = (ast.Module(body=[], type_ignores=[]), [])
+            else:
+                parsed[fname] = (ast.parse(text), text.splitlines(keepends=True))
+        tree, lines = parsed[fname]
+        src = _method_source(tree, lines, cls, name)
+        out.append("missing" if src is None else hashlib.sha256(src.encode()).hexdigest()[:12])
+    return tuple(out)
+
+
+def installed_root() -> Optional[str]:
+    """The directory that holds the importable ``sglang`` package (None: not installed).
+    Found without importing SGLang."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(list(spec.submodule_search_locations)[0])
+
+
+def match(found: Tuple[str, ...], tested: Mapping[str, Tuple[str, ...]] = TESTED
+          ) -> Tuple[Optional[str], List[str]]:
+    """The tested release whose every hook has the digest found (or None), and, if none,
+    the hooks that differ from the closest tested release."""
+    best_diff: List[str] = ["%s.%s" % (c, n) for _, c, n in HOOKS]
+    for release, want in tested.items():
+        diff = ["%s.%s" % (c, n) for (_, c, n), a, b in zip(HOOKS, found, want) if a != b]
+        if not diff:
+            return release, []
+        if len(diff) < len(best_diff):
+            best_diff = diff
+    return None, best_diff
+
+
+def supported_range() -> str:
+    """The tested releases, as the refusal names them ("0.5.22 - 0.5.23")."""
+    rels = sorted(TESTED, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return rels[0] if len(rels) == 1 else "%s - %s" % (rels[0], rels[-1])
+
+
+def main(argv: List[str]) -> int:
+    """Prints the TESTED row of the SGLang under each root given (site-packages paths)."""
+    for root in argv[1:]:
+        print("    # %s" % root)
+        print("    (" + ", ".join('"%s"' % d for d in digests(root)) + "),")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
