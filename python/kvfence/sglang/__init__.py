@@ -26,7 +26,11 @@ What changes (see the README section "Using kvfence with SGLang"):
   anything, and ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=0`` no longer frees at
   once. SGLang still does the freeing, through ``_do_release``.
 * prefill: each chunk write is a kvfence transfer; a chunk of an aborted room is not
-  written; a write that returned -1 keeps the room from ever being ACKed.
+  written; a write that returned -1 keeps the room from ever being ACKed: its pages on
+  the decode stay held until that prefill is fenced (or are quarantined). No transport
+  reset to a live prefill is possible from this adapter (SGLang's -1 leaves the batch
+  running in Mooncake, and every prefill writes to the decode's one engine port):
+  docs/sglang-upstream.md section 9.
 """
 
 from __future__ import annotations
