@@ -7,7 +7,8 @@
 #   RUNS=2 SHORT=1 OUT=/tmp/x e2e/serve/sglang.sh
 #
 # Env: RUNS (runs of each scenario per rule, default 3), SHORT (1: the CI form: the control
-# `normal` and the racing `write_failed`; today that is every scenario built), OUT (log
+# `normal` and the racing `write_failed`; else also `deadline_expired`, which starts a
+# second prefill instance per pair), OUT (log
 # directory, default a new /tmp/kvfence-serve-sglang.XXXX), KVFENCE_CACHE.
 # Prints "PASS what" / "FAIL what" lines and "SKIP: reason" lines; writes the rows to
 # $OUT/serve-sglang.json. Exit status: 0 every check passed, 1 one failed, 77 it cannot run
@@ -81,7 +82,8 @@ echo "== the model and its transformers reference: $MODEL"
 (cd "$here" && "$PY" model.py "$MODEL") > "$OUT/model-sglang.log" 2>&1 \
     || { tail -20 "$OUT/model-sglang.log"; echo "FAIL sglang: model.py"; exit 1; }
 
-scen=normal,write_failed
+scen=normal,write_failed,deadline_expired
+[ "$SHORT" = 1 ] && scen=normal,write_failed
 echo "== SGLang pairs, stock and kvfence started at once; scenarios $scen, $RUNS run(s) each"
 t0=$SECONDS
 (cd "$here" && "$PY" serve_sglang.py "$MODEL" "$OUT/sglang" --runs "$RUNS" --scenarios "$scen" \
@@ -114,7 +116,14 @@ for r in rows:
     else:
         check(r["wrong_tokens"] == 0 and r["http_errors"] == 0 and r["requests"] > 0,
               "%s: 0 wrong tokens, 0 HTTP errors (%s)" % (tag, n))
-        if r["racing"]:
+        if r["scenario"] == "deadline_expired":
+            check(r["victims"] == 0 and r["late_writes_landed"] == r["faulted"],
+                  "%s: nobody was given the aborted request's slots while its write was in flight (%d of %d writes done on held slots)"
+                  % (tag, r["late_writes_landed"], r["faulted"]))
+            check(r["kv_used_tokens_at_idle"] == 0,
+                  "%s: the decode's KV slots back at idle once the held writes drained and prefill A ACKed (%s in use)"
+                  % (tag, r["kv_used_tokens_at_idle"]))
+        elif r["racing"]:
             held = r["faulted"] * PROMPT
             check(r["victims"] == 0 and r["late_writes_landed"] == r["faulted"],
                   "%s: nobody was given the failed request's slots; its late bytes landed on held slots (%d of %d)"
