@@ -165,6 +165,19 @@ pub fn reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
     out.push(table.finish(b.handle).unwrap().expect("finish releases B"));
 }
 
+/// The owner's drain after the threads joined: a refused `begin_transfer` whose transient
+/// unit was the room's last hold performs the release and queues it (issue 42, see
+/// `src/room_word.rs`); whoever drains it reuses the pages at once, as a direct releaser
+/// does.
+pub fn drain_and_reuse(table: &RoomTable, arena: &Arena, out: &mut Vec<Released>) {
+    let mut queued = Vec::new();
+    table.drain_released(&mut queued);
+    for r in queued {
+        out.push(r);
+        reuse(table, arena, out);
+    }
+}
+
 /// Gate mode: the engine got A's release (`released`) and hands its pages to request B at
 /// once (its own allocator), in a new room of token `B`; B is written, checked and finished
 /// (with a release queue, B's release is queued: whoever drains it next gets it).
