@@ -7,7 +7,7 @@ the prefill protects its writes with transfers only) is attached to each prefill
 ``MooncakeKVManager``:
 
 ==============================================  ===============================================
-SGLang method (0.5.23)                          what kvfence adds
+SGLang method (0.5.22 and 0.5.23)               what kvfence adds
 ==============================================  ===============================================
 ``CommonKVSender.__init__``                     opens the request's room; with no room
                                                 free the request fails (never ungated)
