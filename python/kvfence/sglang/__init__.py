@@ -16,7 +16,7 @@ sglang.launch_server ...`` (:mod:`kvfence.sglang._plugin`, registered in the
 ``kvfence_sglang.pth`` start-up hook installs it as soon as SGLang's Mooncake module is
 imported, in every process SGLang spawns), or ``kvfence-sglang-run python -m ...``.
 
-What changes (see the README section "Using kvfence with SGLang"):
+What changes (see docs/ENGINES-sglang.md):
 
 * decode: an aborted request's pages (KV pages, metadata row, state slots) are freed only
   when kvfence releases its room: every prefill rank it was sent to ACKed that its writes
