@@ -792,6 +792,38 @@ mod tests {
         assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 1));
     }
 
+    /// Issue 42 (found by cargo-mutants): the release CAS after the last drop gives up when
+    /// a transient unit is in the word, and never releases a *later* lifecycle that happens
+    /// to be in its own release gap.
+    #[test]
+    fn the_release_cas_needs_this_lifecycle_and_no_hold() {
+        let w = RoomWord::new();
+        w.publish(0, 0);
+        w.begin_transfer(0).unwrap();
+        assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(0, Hold::Stamp), Ok(Step::Held));
+        // The last hold's decrement, then a unit comes in before the release CAS.
+        let old = State(w.0.fetch_sub(UNIT, Ordering::AcqRel));
+        w.add_transient_unit();
+        let held = State::new(Phase::Draining, 1, 0, 0);
+        assert_eq!(w.load(Ordering::Relaxed), held);
+        assert_eq!(w.release_if_last(old, Hold::Transfer), None);
+        assert_eq!(w.load(Ordering::Relaxed), held);
+        assert_eq!(w.back_out(), Some((0, Reason::Finished)));
+        // Generation 1 opens, closes and reaches its own release gap (no hold, not FREE
+        // yet): the stale CAS of generation 0 must leave it alone.
+        w.publish(1, 1);
+        assert_eq!(w.close(1, Phase::Aborting), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(1, Hold::Stamp), Ok(Step::Held));
+        let gap = State(w.0.fetch_sub(Hold::Writers.one(), Ordering::AcqRel));
+        let dead = State::new(Phase::Aborting, 0, 0, 1);
+        assert_eq!(w.load(Ordering::Relaxed), dead);
+        assert_eq!(w.release_if_last(old, Hold::Transfer), None);
+        assert_eq!(w.load(Ordering::Relaxed), dead);
+        assert_eq!(w.release_if_last(gap, Hold::Writers), Some(Reason::Aborted));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 2));
+    }
+
     /// Issue 42: the last real hold's drop that sees a transient unit leaves the room held;
     /// the unit's take-back releases it, with the reason of the value its CAS replaced.
     #[test]

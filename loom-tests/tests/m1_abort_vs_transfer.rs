@@ -69,7 +69,7 @@ fn m1_abort_vs_transfer_in_flight() {
         }
         releases.extend(scheduler.join().unwrap());
         // The scheduler's refused begin may have been the last hold (issue 42): queued.
-        drain_and_reuse(&table, &arena, &mut releases);
+        drain_and_reuse(&table, &arena, h, &mut releases);
         let r = exactly_one(&releases, h);
         assert_eq!((&r.pages, r.reason), (&a.pages, Reason::Aborted));
         assert_eq!(table.phase(h).unwrap(), Phase::Free);

@@ -57,7 +57,7 @@ fn m2_abort_vs_begin_transfer() {
         }
         releases.extend(intent.join().unwrap());
         // A refused begin whose transient unit was the last hold queued it (issue 42).
-        drain_and_reuse(&table, &arena, &mut releases);
+        drain_and_reuse(&table, &arena, h, &mut releases);
         let r = exactly_one(&releases, h);
         assert_eq!((&r.pages, r.reason), (&a.pages, Reason::Aborted));
         // Whatever happened, a late intent for A is refused now.

@@ -89,7 +89,7 @@ fn m5_finish_vs_completion() {
         let (out, aborted) = scheduler.join().unwrap();
         releases.extend(out);
         // The scheduler's refused begin may have been the last hold (issue 42): queued.
-        drain_and_reuse(&table, &arena, &mut releases);
+        drain_and_reuse(&table, &arena, h, &mut releases);
         let r = exactly_one(&releases, h);
         let reason = if aborted {
             Reason::Aborted
