@@ -144,6 +144,7 @@ def _victims(pair: Pair, data: Dict[str, Any], t: Tally, run: int, f_slots: Set[
         th.start()
         if not pair.wait_ctl("paused", 120):
             pair.remove("pause")
+            pair.touch(go)  # never leave F's write waiting (it would wedge the prefill)
             th.join(300)
             t.notes.append(f"request {i} never reached a decode step")
             break
@@ -255,13 +256,14 @@ SCENARIOS = {"normal": normal, "write_failed": write_failed, "deadline_expired":
 RACING = {"write_failed", "deadline_expired"}
 
 
-def idle(pair: Pair, timeout: float = 10.0) -> Dict[str, Any]:
-    """The decode's KV slots in use once idle (SGLang's own scheduler state, polled until 0
-    or ``timeout``), and its deferred-release counters (``/metrics``)."""
+def idle(pair: Pair, base: int = 0, timeout: float = 10.0) -> Dict[str, Any]:
+    """The decode's KV slots in use once idle (SGLang's own scheduler state, polled until
+    back to ``base``, what was in use before the scenario, or ``timeout``), and its
+    deferred-release counters (``/metrics``)."""
     t0 = time.time()
     while True:
         used = pair.decode.used_tokens()
-        if used == 0 or time.time() - t0 > timeout:
+        if used == base or time.time() - t0 > timeout:
             break
         time.sleep(1)
     m = pair.decode.metrics()
@@ -285,8 +287,11 @@ def main() -> int:
     rules = a.rules.split(",")
     table: List[Dict[str, Any]] = []
     t_start = time.time()
-    # kvfence holds the pages of each failed write for good: room for them, same for both.
-    tokens = sglang_pair.DECODE_TOKENS + (100 * (a.runs - 1) if "write_failed" in a.scenarios else 0)
+    # kvfence holds the slots of each failed write for good (100 per run), and those of
+    # deadline_expired's F while its write is held: room for them and one more request
+    # (100 + 24 + 32 reserved), the same pool for both rules.
+    tokens = (sglang_pair.DECODE_TOKENS + (100 * (a.runs - 1) if "write_failed" in a.scenarios else 0)
+              + (100 if "deadline_expired" in a.scenarios else 0))
     two = "deadline_expired" in a.scenarios
     pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8300 + 10 * k, tokens, two)
              for k, rule in enumerate(rules)}
@@ -298,10 +303,12 @@ def main() -> int:
             for name in a.scenarios.split(","):
                 t = Tally()
                 t0 = time.time()
+                before = pair.decode.used_tokens()  # slots an earlier scenario left held
                 for run in range(a.runs):
                     SCENARIOS[name](pair, data, t, run)
                 row = dict(engine="sglang", scenario=name, rule=rule, racing=name in RACING,
-                           **idle(pair), **t.row(), seconds=round(time.time() - t0, 1))
+                           kv_used_tokens_before=before,
+                           **idle(pair, before or 0), **t.row(), seconds=round(time.time() - t0, 1))
                 table.append(row)
                 print(f"[{rule}] {name}: {json.dumps(row)}", flush=True)
             dlog, plog = pair.decode.log_text(), pair.prefill.log_text()
