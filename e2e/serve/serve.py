@@ -21,6 +21,8 @@ guessed time), so one run shows the race or fails:
   with SIGSTOP (all three of its processes) and resumed with SIGCONT once B has taken A's
   place; a stopped decode sends no heartbeat, so the lease lapses as it does for a
   stalled host or a long pause.
+* ``read_failure``: the prefill killed (-9) while the decode's READ is posted, restarted
+  (see :func:`read_failure`): blocks back and right answers after, not a race.
 * ``client_disconnect``: six concurrent clients, every other one hanging up during its
   prefill or its decode. Not a forced race: under load a lease can lapse on its own
   (stock then may answer wrong), so stock is reported, not checked; kvfence must answer
@@ -49,6 +51,7 @@ from vllm_pair import LEASE_S, Pair
 
 USAGE = "vllm:kv_cache_usage_perc"
 WAITING = "vllm:num_requests_waiting"
+FETCH = "vllm:num_requests_kv_fetch_by_stage"
 
 
 class Tally:
@@ -62,6 +65,7 @@ class Tally:
         self.first_wrong: List[int] = []
         self.forced = 0  # runs whose forcing saw every event it waits for
         self.cancelled = 0  # requests the client cancelled (client_disconnect)
+        self.refused = 0  # requests answered with an error by design (read_failure's A)
 
     def check(self, got: Optional[List[int]], want: List[int], lat: float) -> None:
         self.requests += 1
@@ -79,7 +83,7 @@ class Tally:
         p = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
         return {"requests": self.requests, "wrong_tokens": self.wrong, "http_errors": self.errors,
                 "p50_s": p(0.5), "p99_s": p(0.99), "first_wrong_token": self.first_wrong,
-                "forced": self.forced, "cancelled": self.cancelled}
+                "forced": self.forced, "cancelled": self.cancelled, "refused": self.refused}
 
 
 def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, hold: float = 0.0) -> None:
@@ -212,6 +216,60 @@ def decode_stall(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     bt.join(300)
 
 
+def read_failure(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """The prefill dies (kill -9) while the decode's READ of request A is posted, and is
+    restarted; then three requests through the pair.
+
+    Forcing: the prefill is stopped (SIGSTOP) before A reaches the decode, so A's READ,
+    once posted, cannot progress (over UCX TCP the target's own progress serves a READ);
+    the prefill is killed once the decode reports the load in progress (its own gauge
+    ``vllm:num_requests_kv_fetch_by_stage{stage="in_progress"}``). Not a corruption race
+    (a dead prefill sends no bytes): the check is that the decode gives back every block
+    of the failed READ, answers A right or refuses it (vLLM's ``kv_load_failure_policy``,
+    default ``fail``: an error to the client, counted apart), and serves the restarted
+    prefill's requests right (a new handshake: kvfence fences the dead peer's rank)."""
+    n = len(data["prompts"])
+    a = (3 * run + 20) % n
+    # One request first: the decode has handshaken with this prefill (a handshake with a
+    # stopped prefill fails before any READ is posted: another failure than this one).
+    _go(pair, data, (3 * run + 19) % n, t)
+    t0 = time.perf_counter()
+    try:
+        params = pair.prefill_step(data["prompts"][a])
+    except Exception as e:
+        print(f"    request {a}: {e}", file=sys.stderr)
+        t.check(None, data["tokens"][a], 0.0)
+        return
+    got: Dict[str, Any] = {}
+
+    def run_a() -> None:
+        try:
+            got["out"] = pair.decode_step(data["prompts"][a], params, data["max_tokens"])
+        except Exception as e:
+            got["err"] = e
+
+    pair.prefill.signal(signal.SIGSTOP)
+    at = threading.Thread(target=run_a)
+    at.start()
+    posted = _wait(lambda: (pair.decode.metric(FETCH, 'stage="in_progress"') or 0) >= 1, 120,
+                   "the decode's load of A in progress")
+    time.sleep(0.5)  # the step that reported it has posted the READ
+    pair.prefill.kill9()
+    at.join(600)
+    t.forced += posted
+    if "out" in got:
+        t.check(got["out"], data["tokens"][a], time.perf_counter() - t0)
+    else:  # the policy's answer to a failed load, not a wrong one
+        t.requests += 1
+        t.refused += 1
+        print(f"    request {a} (its READ failed): {got.get('err', 'no answer in 600 s')}",
+              file=sys.stderr)
+    pair.prefill.start()
+    pair.prefill.wait_ready(900)
+    for k in range(3):
+        _go(pair, data, (3 * run + 21 + k) % n, t)
+
+
 def client_disconnect(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     """Six concurrent clients, every other one cancelled (its HTTP connection closed) at a
     point drawn from a seeded generator: during its prefill, or during its decode (before,
@@ -260,7 +318,7 @@ def _go_cancel(pair: Pair, data: Dict[str, Any], i: int, t: Tally, cancel: str,
 
 
 SCENARIOS = {"normal": normal, "lease_lapse": lease_lapse, "decode_stall": decode_stall,
-             "client_disconnect": client_disconnect}
+             "client_disconnect": client_disconnect, "read_failure": read_failure}
 RACING = {"lease_lapse", "decode_stall"}
 
 
@@ -296,7 +354,9 @@ def main() -> int:
     ap.add_argument("logdir")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--scenarios", default="normal,lease_lapse,decode_stall,client_disconnect",
+                    help="comma-separated, of: " + ", ".join(SCENARIOS) + " (read_failure: "
+                    "README, a defect it found)")
     ap.add_argument("--rules", default="stock,kvfence")
     ap.add_argument("--out", default="")
     a = ap.parse_args()

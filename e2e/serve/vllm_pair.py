@@ -68,9 +68,22 @@ class Server:
                    TRANSFORMERS_OFFLINE="1",
                    VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         self.log_path = os.path.join(logdir, f"{name}.log")
+        self.args, self.env = args, env
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.start()
+
+    def start(self) -> None:
+        """Starts the server process (its log appended to)."""
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill9(self) -> None:
+        """kill -9 of every process of the server (API server, EngineCore, Worker)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
 
     def wait_ready(self, timeout: float) -> None:
         """Waits until ``/health`` answers (the server is up), or raises."""
@@ -86,14 +99,16 @@ class Server:
             time.sleep(2)
         raise TimeoutError(f"{self.name} not up after {timeout:.0f} s; see {self.log_path}")
 
-    def metric(self, name: str) -> Optional[float]:
-        """A gauge of the server's own ``/metrics`` (summed over its label sets)."""
+    def metric(self, name: str, label: str = "") -> Optional[float]:
+        """A gauge of the server's own ``/metrics``, summed over its label sets (those that
+        contain ``label``, e.g. ``stage="in_progress"``, when given)."""
         try:
             text = requests.get(self.url + "/metrics", timeout=5).text
         except requests.RequestException:
             return None
-        vals = [float(m.group(1)) for m in
-                re.finditer(r"^" + re.escape(name) + r"(?:\{[^}]*\})? ([0-9.eE+-]+)$", text, re.M)]
+        vals = [float(m.group(2)) for m in
+                re.finditer(r"^" + re.escape(name) + r"(\{[^}]*\})? ([0-9.eE+-]+)$", text, re.M)
+                if label in (m.group(1) or "")]
         return sum(vals) if vals else None
 
     def log_text(self) -> str:
