@@ -13,7 +13,7 @@
 #
 # The venv lives outside the clone, keyed by the pinned versions:
 #   ${KVFENCE_CACHE:-$HOME/.cache/kvfence}/sglang-0.5.23-torch2.14.1-py3.X
-# (~6.5 GB, ~4 min on a fresh machine). Its marker file `.complete` is written only after
+# (~6.5 GB; a few minutes on a fresh 2-core machine: all the engine environments together took 12-18 minutes there). Its marker file `.complete` is written only after
 # every package installed and `import sglang.srt.disaggregation.mooncake.conn` worked; a venv
 # without it is removed and rebuilt. kvfence is reinstalled (maturin, through pip) when the
 # content hash of python/, src/ and the Cargo files differs from the one recorded at the
