@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import threading
@@ -150,6 +151,9 @@ def main() -> int:
                     help="the prefill's lease: long enough not to lapse in normal operation")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
+    # every server; without it the servers' engine processes outlive the harness.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     HOLD_EXTRA_S = a.hold_extra_s
     data = _model.load(a.model_dir)
     os.makedirs(a.logdir, exist_ok=True)

@@ -360,6 +360,9 @@ def main() -> int:
     ap.add_argument("--rules", default="stock,kvfence")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
+    # every server; without it the servers' engine processes outlive the harness.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     data = _model.load(a.model_dir)
     os.makedirs(a.logdir, exist_ok=True)
     table: List[Dict[str, Any]] = []
