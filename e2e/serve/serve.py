@@ -152,16 +152,24 @@ def _lapse_then_reuse(pair: Pair, data: Dict[str, Any], t: Tally, a: int, b: int
     return bt, lapsed and set_
 
 
+def _prefill(pair: Pair, data: Dict[str, Any], t: Tally, i: int) -> Optional[Dict[str, Any]]:
+    """Request ``i`` through the prefill: its ``kv_transfer_params``, or None with the
+    failure counted as an HTTP error."""
+    try:
+        return pair.prefill_step(data["prompts"][i])
+    except Exception as e:
+        print(f"    request {i}: {e}", file=sys.stderr)
+        t.check(None, data["tokens"][i], 0.0)
+        return None
+
+
 def lease_lapse(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     """The router holds A past its lease; A goes to the decode once B has taken its place."""
     n = len(data["prompts"])
     a, b = (2 * run + 8) % n, (2 * run + 9) % n
     t0 = time.perf_counter()
-    try:
-        params = pair.prefill_step(data["prompts"][a])
-    except Exception as e:
-        print(f"    request {a}: {e}", file=sys.stderr)
-        t.check(None, data["tokens"][a], 0.0)
+    params = _prefill(pair, data, t, a)
+    if params is None:
         return
     bt, forced = _lapse_then_reuse(pair, data, t, a, b, time.perf_counter())
     t.forced += forced
@@ -184,11 +192,8 @@ def decode_stall(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     n = len(data["prompts"])
     a, b = (2 * run + 14) % n, (2 * run + 15) % n
     t0 = time.perf_counter()
-    try:
-        params = pair.prefill_step(data["prompts"][a])
-    except Exception as e:
-        print(f"    request {a}: {e}", file=sys.stderr)
-        t.check(None, data["tokens"][a], 0.0)
+    params = _prefill(pair, data, t, a)
+    if params is None:
         return
     prefilled_at = time.perf_counter()
     got: Dict[str, Any] = {}
@@ -234,11 +239,8 @@ def read_failure(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     # stopped prefill fails before any READ is posted: another failure than this one).
     _go(pair, data, (3 * run + 19) % n, t)
     t0 = time.perf_counter()
-    try:
-        params = pair.prefill_step(data["prompts"][a])
-    except Exception as e:
-        print(f"    request {a}: {e}", file=sys.stderr)
-        t.check(None, data["tokens"][a], 0.0)
+    params = _prefill(pair, data, t, a)
+    if params is None:
         return
     got: Dict[str, Any] = {}
 
