@@ -85,6 +85,8 @@ poll holds ``_sending_transfers_lock`` when it calls ``_pop_done_transfers`` and
   ``_kvf_cond``), ``_kvf_released_sends``, ``_kvf_quarantined_sends``, ``_kvf_events``.
   A bare truthiness read of one of them outside the lock only decides whether to take it.
 * step thread only: ``_kvf_lapsed``, ``_kvf_held``, ``_kvf_scan_at`` / ``_kvf_scan_due``,
+  ``_kvf_notifs`` / ``_kvf_owed`` (pull decode; vLLM reports a failed handshake to the
+  step thread through its ``_failed_recv_reqs`` queue),
   and the vLLM maps kvfence edits after a fence (``_recving_transfers``,
   ``_recv_failures``); ``_sending_transfers`` / ``_send_failures`` under vLLM's
   ``_sending_transfers_lock``.
@@ -110,6 +112,7 @@ all three raises :class:`ImportError` naming the methods that differ.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -222,7 +225,10 @@ EVENTS = Counter(
 #: ``handle_stuck``: a handle still posted after ``kvfence_stuck_handle_s``;
 #: ``released_after_lapse``: a held room released once its transfers ended;
 #: ``released_after_quarantine``: a quarantined room's late completion freed its blocks;
-#: ``read_end_notified``: a pull decode told a prefill that a READ a fence ended is over.
+#: ``read_end_notified``: a pull decode told a prefill that a READ a fence ended is over;
+#: ``unread_notified``: a pull decode told a prefill that a request it failed before any
+#: READ (a failed handshake, an invalid engine, a declined read) will never be read;
+#: ``owed_given_up``: a pull decode stopped trying to reach a prefill to tell it either.
 EVENT_NAMES = (
     "fence",
     "quarantine",
@@ -232,6 +238,8 @@ EVENT_NAMES = (
     "released_after_lapse",
     "released_after_quarantine",
     "read_end_notified",
+    "unread_notified",
+    "owed_given_up",
 )
 
 
@@ -250,6 +258,29 @@ class KvfenceWorkerMeta(KVConnectorWorkerMetadata):
         if isinstance(other, KvfenceWorkerMeta):
             return KvfenceWorkerMeta(self.events + other.events)
         return self
+
+
+@dataclass
+class _Owed:
+    """What a pull decode owes one prefill engine (step thread only): the completion
+    notifications of READs a fence ended, and the requests vLLM failed before it posted
+    any READ for them (a failed handshake, an engine vLLM marked invalid, a declined
+    read). Either way the decode will never READ those blocks, which is what the
+    notification tells the prefill; without it a kvfence prefill holds them until its
+    quarantine (stock frees them at the lease)."""
+
+    meta: Any  # one request's ReqMeta: where to handshake (host, port, sizes)
+    notifs: List[Tuple[int, bytes]] = field(default_factory=list)  # (remote rank, notif)
+    unread: List[Tuple[str, Any]] = field(default_factory=list)  # (req id, ReqMeta)
+    fut: Any = None  # the handshake kvfence started, while it runs
+    failures: int = 0  # handshakes that failed in a row
+    next_at: float = 0.0  # no new handshake before this time (backoff)
+
+
+#: Handshakes a pull decode tries before it gives up telling a prefill (the backoff
+#: doubles from 1 s to 60 s: about 5 minutes). A prefill that stays unreachable that
+#: long is down or replaced; its blocks end with it, or in its own quarantine.
+_OWED_TRIES = 9
 
 
 @dataclass
@@ -397,9 +428,10 @@ class _KvfenceWorkerMixin:
         self._kvf_pinned_now: List[str] = []
         # Pull decode (step thread only): the completion notification each posted READ
         # carries, per request: (meta, [(remote rank, notif)]); and, per prefill engine,
-        # those owed after a fence ended the READs (sent once a new handshake is done).
+        # what it is owed: those notifications after a fence ended the READs, and the
+        # requests vLLM failed before any READ (sent once a handshake is done; _Owed).
         self._kvf_notifs: Dict[str, Tuple[Any, List[Tuple[int, bytes]]]] = {}
-        self._kvf_owed: Dict[str, Tuple[Any, List[Tuple[int, bytes]]]] = {}
+        self._kvf_owed: Dict[str, _Owed] = {}
         self._kvf_held: Dict[Tuple[str, str], bool] = {}  # reported by vLLM, room held
         # Send rooms released (reported sent), newest last: a late WRITE is not posted.
         self._kvf_released_sends: Dict[str, None] = {}
@@ -747,6 +779,8 @@ class _KvfenceWorkerMixin:
             if xf is None:
                 if handle is not None:
                     self._kvf_tls.post_failed = True
+                elif failed_req_ids is getattr(self, "_recv_failures", None):
+                    self._kvf_unread(req_id)
                 return bool(
                     super()._handle_failed_transfer(  # type: ignore[misc]
                         req_id, handle, failed_req_ids, record_failed_transfer
@@ -1028,6 +1062,10 @@ class _KvfenceWorkerMixin:
         """A fence ended the request's READs from ``engine``: their completion
         notifications are owed to it (pull decode; push: nothing)."""
 
+    def _kvf_unread(self, req_id: str) -> None:
+        """vLLM failed the receive of ``req_id`` with no handle (pull decode: owes its
+        prefill a notification if no READ was posted; push: nothing)."""
+
     def _kvf_pay(self) -> None:
         """Sends owed completion notifications where a handshake allows (pull decode)."""
 
@@ -1102,27 +1140,106 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
         if entry is None:
             return
         meta, notifs = entry
-        owed = self._kvf_owed.setdefault(engine, (meta, []))
-        owed[1].extend(notifs)
+        owed = self._kvf_owed.setdefault(engine, _Owed(meta))
+        owed.notifs.extend(notifs)
+
+    def _kvf_unread(self, req_id: str) -> None:
+        """Step thread (vLLM fails a receive without a handle only there: a failed
+        handshake comes through its ``_failed_recv_reqs`` queue). If no READ of the
+        request was ever posted, the decode will never READ the prefill's blocks: that
+        is owed to the prefill as the request's completion notification, sent through
+        vLLM's own notify-only path (the one it takes for an abort before any block was
+        allocated) once a handshake allows. A request with READs posted is not owed
+        here: those READs end by completing or by a fence (:meth:`_kvf_owe`)."""
+        if getattr(self._kvf_tls, "replaying", False):
+            return  # a notify-only replay that failed: no second replay (logged by vLLM)
+        meta = self._recving_metadata.get(req_id)
+        engine = _engine_of(meta)
+        if (
+            engine is None
+            or req_id in self._kvf_notifs
+            or self._recving_transfers.get(req_id)
+            or (_RECV, req_id) in self._kvf_handles
+        ):
+            return
+        owed = self._kvf_owed.setdefault(engine, _Owed(meta))
+        if all(r != req_id for r, _ in owed.unread):
+            owed.unread.append((req_id, meta))
+
+    def _kvf_notify_only(self, req_id: str, meta: Any) -> None:
+        """Sends the completion notification of a request the decode dropped before any
+        READ, through vLLM's notify-only path: a copy of its metadata with no local
+        blocks, which makes ``_read_blocks_for_req`` notify every remote rank the
+        request would have read from (with vLLM's own consumer count) and post nothing."""
+        quiet = copy.copy(meta)
+        quiet.local_block_ids = []
+        quiet.local_physical_block_ids = []
+        quiet.awaiting_kvs = False  # notify-only: nothing for vLLM to report
+        self._kvf_tls.replaying = True
+        try:
+            NixlPullConnectorWorker._read_blocks_for_req(self, req_id, quiet)
+        except Exception as e:  # the prefill keeps the blocks until its quarantine
+            logger.warning(
+                "kvfence: could not tell engine %s that request %s will never be read: %s",
+                _engine_of(meta),
+                req_id,
+                e,
+            )
+        else:
+            self._kvf_event("unread_notified", req_id, _engine_of(meta) or "")
+        finally:
+            self._kvf_tls.replaying = False
 
     def _kvf_pay(self) -> None:
-        """Step thread: for each prefill engine owed completion notifications (its READs
-        were ended by a fence), sends them once vLLM has handshaken with it again, and
-        starts that handshake (vLLM's ``_ensure_handshake``, in the background) if none
-        is under way. The prefill then frees the blocks as on any completed READ; without
-        this it would wait for a notification that never comes (vLLM frees them at the
-        lease; kvfence never frees on a timer)."""
+        """Step thread: for each prefill engine owed something (READs a fence ended,
+        requests dropped before any READ), sends the completion notifications once vLLM
+        has handshaken with it, and starts that handshake (vLLM's ``_ensure_handshake``,
+        in the background) if none is under way, backing off from 1 s to 60 s after a
+        failed one and giving up after ``_OWED_TRIES`` (logged: the prefill keeps those
+        blocks until its own quarantine). The prefill then frees the blocks as on any
+        completed READ; without this it would wait for a notification that never comes
+        (vLLM frees them at the lease; kvfence never frees on a timer)."""
+        now = time.perf_counter()
         for engine in list(self._kvf_owed):
-            meta, notifs = self._kvf_owed[engine]
+            owed = self._kvf_owed[engine]
             agents = self._remote_agents.get(engine)
             if agents is None:
-                remote = meta.remote
-                self._ensure_handshake(  # type: ignore[attr-defined]
-                    engine, remote.host, remote.port, meta.tp_size, meta.dcp_size, meta.pp_size
+                fut = owed.fut
+                if fut is not None and not fut.done():
+                    continue
+                if fut is not None and (fut.cancelled() or fut.exception() is not None):
+                    owed.failures += 1
+                    owed.next_at = now + min(60.0, 2.0 ** (owed.failures - 1))
+                owed.fut = None
+                if owed.failures >= _OWED_TRIES:
+                    del self._kvf_owed[engine]
+                    logger.warning(
+                        "kvfence: gave up telling engine %s that %d READ(s) ended and %d "
+                        "request(s) will never be read, after %d failed handshakes: it "
+                        "keeps those blocks until its quarantine or its restart",
+                        engine,
+                        len(owed.notifs),
+                        len(owed.unread),
+                        owed.failures,
+                    )
+                    self._kvf_event("owed_given_up", engine, str(owed.failures))
+                    continue
+                if now < owed.next_at:
+                    continue  # backing off after a failed handshake
+                remote = owed.meta.remote
+                owed.fut = self._ensure_handshake(  # type: ignore[attr-defined]
+                    engine,
+                    remote.host,
+                    remote.port,
+                    owed.meta.tp_size,
+                    owed.meta.dcp_size,
+                    owed.meta.pp_size,
                 )
                 continue
+            if engine in self._invalid_remote_engines:
+                continue  # vLLM re-handshakes it once its reads drain
             del self._kvf_owed[engine]
-            for rank, notif in notifs:
+            for rank, notif in owed.notifs:
                 agent = agents.get((0, rank))
                 try:
                     if agent is None:
@@ -1137,6 +1254,8 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
                     )
                 else:
                     self._kvf_event("read_end_notified", notif.decode(errors="replace"), engine)
+            for req_id, meta in owed.unread:
+                self._kvf_notify_only(req_id, meta)
 
     def get_transfer_results(self) -> KVConnectorTransferResults:
         """Policies (teardown, quarantine) when due, vLLM's poll, then kvfence's

@@ -17,6 +17,7 @@ every one of them must then fail (``ci.sh`` checks that too).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -776,6 +777,119 @@ def test_failed_read_gives_the_prefill_its_blocks_back(
     prefill.worker.nixl_wrapper.get_new_notifs = lambda: inbox.pop() if inbox else {}
     prefill.steps(3)
     assert prefill.frees(prid) == 1, "the prefill's blocks did not come back"
+
+
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_request_failed_before_its_read_gives_the_prefill_its_blocks_back(
+    default_vllm_config: Any, dist_init: Any
+) -> None:
+    """Pull. The decode's handshake with the prefill fails, so vLLM fails the request
+    before any READ of it is posted (likewise an engine it marked invalid, a declined
+    read). vLLM's decode tells the prefill nothing: stock frees the blocks at the lease;
+    before this fix a kvfence prefill waited for a notification that never came (held for
+    good with ``kvfence_quarantine_after_s = 0``: found on a real pair, e2e/serve's
+    ``read_failure``, where a 4-block prefill then served nothing more). Now the decode,
+    once a later handshake succeeds, sends the request's completion notification through
+    vLLM's own notify-only path (no READ is ever posted for it), and the prefill frees its
+    blocks once. Stock: the decode never sends it."""
+    prefill = PD("kv_producer", {"kv_lease_duration": 1, "kvfence_quarantine_after_s": 0})
+    prid = _finished_prefill(prefill)
+    decode = PD("kv_consumer")
+    w = decode.worker
+    real_handshake = w._nixl_handshake
+    handshakes: List[str] = []
+
+    def first_fails(*args: Any, **kwargs: Any) -> Any:
+        handshakes.append("fail" if not handshakes else "ok")
+        if handshakes[-1] == "fail":
+            raise ConnectionError("the prefill did not answer (test)")
+        return real_handshake(*args, **kwargs)
+
+    w._nixl_handshake = first_fails
+    sent: List[Tuple[str, bytes]] = []
+    w.nixl_wrapper.send_notif = lambda agent, notif_msg: sent.append((agent, notif_msg))
+    reads: List[Any] = []
+    real_read = type(w)._read_blocks
+
+    def spy_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs["read_spec"].local_block_ids)
+        return real_read(self, *args, **kwargs)
+
+    req = create_request(do_remote_prefill=True, num_tokens=3 * BLOCK, block_size=BLOCK)
+    req.kv_transfer_params["remote_engine_id"] = REMOTE
+    req.kv_transfer_params["remote_request_id"] = prid
+    req.kv_transfer_params["remote_block_ids"] = ([0, 1, 2],)
+    decode.sched.add_request(req)
+    rid = req.request_id
+    with patch.object(type(w), "_read_blocks", spy_read):
+        decode.steps(300, until=lambda: rid in decode.failed and bool(sent), sleep=0.01)
+    assert handshakes and handshakes[0] == "fail", f"the handshake was not failed: {handshakes}"
+    assert rid in decode.failed, "vLLM did not fail the request whose handshake failed"
+    assert not w._recving_transfers.get(rid), "a READ was posted for the failed request"
+    assert sent, "the decode never told the prefill that the failed request will not be read"
+    assert [m for _, m in sent] == [f"{prid}:1".encode()], sent
+    assert reads and all(not any(ids) for ids in reads), f"a READ was posted: {reads}"
+    decode.steps(5, sleep=0.01)
+    assert len(sent) == 1, f"notified more than once: {sent}"
+    time.sleep(1.1)
+    prefill.steps(3)
+    assert prefill.frees(prid) == 0, "the prefill freed its blocks before the decode's word"
+    inbox = [{"decode-agent": [sent[0][1]]}]
+    prefill.worker.nixl_wrapper.get_new_notifs = lambda: inbox.pop() if inbox else {}
+    prefill.steps(3)
+    assert prefill.frees(prid) == 1, "the prefill's blocks did not come back"
+
+
+@pytest.mark.skipif(not KVFENCE, reason="kvfence only: its retries to tell a prefill")
+@patch(BASE_WORKER, FakeNixlWrapper)
+def test_unreachable_prefill_backoff_then_give_up(
+    default_vllm_config: Any, dist_init: Any, monkeypatch: Any
+) -> None:
+    """A prefill the decode can never reach again (down, or replaced by one with another
+    engine id): the decode retries the handshake that would carry the notification with
+    a doubling backoff (1 s, 2 s, ...), never once per engine step, and gives up after
+    ``_OWED_TRIES`` failures with one event and a warning (the prefill keeps the blocks
+    until its own quarantine or restart). Counted: the handshakes, their spacing, the
+    event."""
+    import kvfence.vllm as kv
+
+    monkeypatch.setattr(kv, "_OWED_TRIES", 3)
+    decode = PD("kv_consumer")
+    w = decode.worker
+    at: List[float] = []
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        at.append(time.monotonic())
+        raise ConnectionError("the prefill is gone (test)")
+
+    w._nixl_handshake = never
+    ours: List[float] = []  # the handshakes kvfence started (vLLM may start its own)
+    real_ensure = w._ensure_handshake
+
+    def ensure(*args: Any, **kwargs: Any) -> Any:
+        if sys._getframe(1).f_code.co_name == "_kvf_pay":
+            ours.append(time.monotonic())
+        return real_ensure(*args, **kwargs)
+
+    w._ensure_handshake = ensure
+    given_up = _event_count("owed_given_up")
+    req = create_request(do_remote_prefill=True, num_tokens=3 * BLOCK, block_size=BLOCK)
+    req.kv_transfer_params["remote_engine_id"] = REMOTE
+    req.kv_transfer_params["remote_block_ids"] = ([0, 1, 2],)
+    decode.sched.add_request(req)
+    decode.steps(
+        1000, until=lambda: _event_count("owed_given_up") > given_up, sleep=0.01
+    )
+    assert _event_count("owed_given_up") == given_up + 1, "the decode never gave up"
+    assert REMOTE not in w._kvf_owed
+    # kvfence's: one at once, one 1 s after its failure, one 2 s after the next (the
+    # third failure gives up).
+    assert len(ours) == 3, f"kvfence started {len(ours)} handshakes (3 expected): a spin?"
+    gaps = [b - a for a, b in zip(ours, ours[1:])]
+    assert gaps[0] >= 0.9 and gaps[1] >= 1.9, f"no backoff between handshakes: {gaps}"
+    n = len(at)
+    decode.steps(50, sleep=0.01)
+    assert len(ours) == 3 and len(at) == n, "handshakes went on after the decode gave up"
 
 
 # ------------------------------------------------- what real NIXL hands out: handle objects
