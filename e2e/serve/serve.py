@@ -268,8 +268,35 @@ def read_failure(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
               file=sys.stderr)
     pair.prefill.start()
     pair.prefill.wait_ready(900)
+    _dropped_before_read(pair, data, t, (3 * run + 24) % n)
     for k in range(3):
         _go(pair, data, (3 * run + 21 + k) % n, t)
+
+
+def _dropped_before_read(pair: Pair, data: Dict[str, Any], t: Tally, b: int) -> None:
+    """Request B is prefilled by the restarted prefill (a new engine id: the decode must
+    handshake with it), then the prefill is stopped (SIGSTOP) before B reaches the decode:
+    the decode's handshake times out (vLLM's 5 s receive timeout) and vLLM fails B before
+    any READ of it is posted (an error to the client, counted apart), telling the prefill
+    nothing. The prefill is let go 8 s later. Stock frees B's blocks at the lease; kvfence
+    frees them when the decode's notification arrives (sent once a later handshake
+    succeeds). Either way the prefill's KV usage must come back to 0 at idle: before the
+    fix kvfence held B's blocks until its quarantine, which pins them (usage stays up)."""
+    params = _prefill(pair, data, t, b)
+    if params is None:
+        return
+    pair.prefill.signal(signal.SIGSTOP)
+    try:
+        out = pair.decode_step(data["prompts"][b], params, data["max_tokens"])
+    except Exception as e:  # the expected answer: the handshake failed, B was failed
+        t.requests += 1
+        t.refused += 1
+        print(f"    request {b} (dropped before its READ): {e}", file=sys.stderr)
+    else:  # the decode reached the prefill after all (a READ happened): compared
+        t.check(out, data["tokens"][b], 0.0)
+    finally:
+        time.sleep(1.0)
+        pair.prefill.signal(signal.SIGCONT)
 
 
 def client_disconnect(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
