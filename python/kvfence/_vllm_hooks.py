@@ -16,12 +16,13 @@ before the adapter imports vLLM's classes.
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import os
 import sys
-import textwrap
 from typing import Dict, List, Mapping, Optional, Tuple
+
+if __package__:
+    from kvfence import _hook_digest
+else:  # run as a script (``python python/kvfence/<this file> SITE``): kvfence not installed
+    import _hook_digest  # type: ignore[no-redef]
 
 _NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
 
@@ -95,57 +96,21 @@ TESTED: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def _method_source(tree: ast.Module, lines: List[str], cls: str, name: str) -> Optional[str]:
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
-                    first = min([d.lineno for d in item.decorator_list] + [item.lineno])
-                    end = item.end_lineno or item.lineno
-                    return textwrap.dedent("".join(lines[first - 1 : end]))
-    return None
-
-
 def digests(root: str) -> Tuple[str, ...]:
     """The digest of each hook of the vLLM whose package directory is ``root/vllm``
     (``"missing"`` for a hook not found)."""
-    out: List[str] = []
-    parsed: Dict[str, Tuple[ast.Module, List[str]]] = {}
-    for fname, cls, name in HOOKS:
-        if fname not in parsed:
-            path = os.path.join(root, _NIXL, fname)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError:
-                parsed[fname] = (ast.Module(body=[], type_ignores=[]), [])
-            else:
-                parsed[fname] = (ast.parse(text), text.splitlines(keepends=True))
-        tree, lines = parsed[fname]
-        src = _method_source(tree, lines, cls, name)
-        out.append("missing" if src is None else hashlib.sha256(src.encode()).hexdigest()[:12])
-    return tuple(out)
+    return _hook_digest.digests(root, _NIXL, HOOKS)
 
 
 def match(found: Tuple[str, ...], tested: Mapping[str, Tuple[str, ...]]) -> Tuple[Optional[str], List[str]]:
     """The tested release whose every hook has the digest found (or None), and, if none,
     the hooks that differ from the closest tested release."""
-    best: Optional[str] = None
-    best_diff: List[str] = [f"{c}.{n}" for _, c, n in HOOKS]
-    for release, want in tested.items():
-        diff = [f"{c}.{n}" for (_, c, n), a, b in zip(HOOKS, found, want) if a != b]
-        if not diff:
-            return release, []
-        if len(diff) < len(best_diff):
-            best, best_diff = release, diff
-    return None, best_diff
+    return _hook_digest.match(found, tested, HOOKS)
 
 
 def main(argv: List[str]) -> int:
     """Prints the TESTED row of the vLLM under each root given (site-packages paths)."""
-    for root in argv[1:]:
-        print(f"    # {root}")
-        print("    (" + ", ".join(f'"{d}"' for d in digests(root)) + "),")
+    _hook_digest.print_rows(argv[1:], _NIXL, HOOKS)
     return 0
 
 
