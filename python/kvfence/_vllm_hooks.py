@@ -60,6 +60,9 @@ HOOKS: Tuple[Tuple[str, str, str], ...] = (
     # A failed handshake reaches the step thread through _failed_recv_reqs (kvfence's
     # pull decode then owes the prefill a notification: kvfence.vllm._Owed).
     ("base_worker.py", "NixlBaseConnectorWorker", "_background_nixl_handshake"),
+    # Keeps an idle decode stepping while it owes a prefill a notification (vLLM's
+    # Scheduler.has_requests asks it, in every supported release).
+    ("connector.py", "NixlBaseConnector", "has_pending_push_work"),
 )
 
 #: The releases kvfence was tested against: release -> the digest of each hook (in
@@ -73,7 +76,7 @@ TESTED: Dict[str, Tuple[str, ...]] = {
         "940893539175", "259894cd1681", "dd1c39ca2bed", "65da62ad4282", "389db3ace388",
         "632083ccd5e1", "7667301e129c", "88de86599665", "f77817186d4c", "e9f04324a95f",
         "f744c6a152e2", "140845f470c4", "4ba504cfd4eb",
-        "9989999d6a22",
+        "9989999d6a22", "32d57d443205",
     ),
     "0.33.0": (
         "ebd61e2d9c39", "15b4b7489895", "cd9d6fcf7b99", "327004caf62b", "0d49040982db",
@@ -82,7 +85,7 @@ TESTED: Dict[str, Tuple[str, ...]] = {
         "940893539175", "259894cd1681", "dd1c39ca2bed", "d29ddc84cb51", "389db3ace388",
         "632083ccd5e1", "7667301e129c", "88de86599665", "24c9c922d387", "ad58ad79de2d",
         "f744c6a152e2", "140845f470c4", "4ba504cfd4eb",
-        "9989999d6a22",
+        "9989999d6a22", "32d57d443205",
     ),
     "0.34.0": (
         "ebd61e2d9c39", "15b4b7489895", "cd9d6fcf7b99", "327004caf62b", "0d49040982db",
@@ -91,7 +94,7 @@ TESTED: Dict[str, Tuple[str, ...]] = {
         "018a2aa03916", "259894cd1681", "dd1c39ca2bed", "4a26e8035df2", "837b9fcc832f",
         "632083ccd5e1", "7667301e129c", "88de86599665", "24c9c922d387", "ad58ad79de2d",
         "f744c6a152e2", "61ad31254ddf", "c031a4905a82",
-        "9989999d6a22",
+        "9989999d6a22", "32d57d443205",
     ),
 }
 

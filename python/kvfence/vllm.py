@@ -228,7 +228,10 @@ EVENTS = Counter(
 #: ``read_end_notified``: a pull decode told a prefill that a READ a fence ended is over;
 #: ``unread_notified``: a pull decode told a prefill that a request it failed before any
 #: READ (a failed handshake, an invalid engine, a declined read) will never be read;
-#: ``owed_given_up``: a pull decode stopped trying to reach a prefill to tell it either.
+#: ``owed_given_up``: a pull decode stopped trying to reach a prefill to tell it either;
+#: ``owed`` / ``owed_settled``: a pull decode began / ended owing a prefill engine such a
+#: notification (the scheduler keeps the engine stepping in between, even when idle:
+#: :meth:`_KvfenceConnectorMixin.has_pending_push_work`).
 EVENT_NAMES = (
     "fence",
     "quarantine",
@@ -240,6 +243,8 @@ EVENT_NAMES = (
     "read_end_notified",
     "unread_notified",
     "owed_given_up",
+    "owed",
+    "owed_settled",
 )
 
 
@@ -1140,8 +1145,21 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
         if entry is None:
             return
         meta, notifs = entry
-        owed = self._kvf_owed.setdefault(engine, _Owed(meta))
-        owed.notifs.extend(notifs)
+        self._kvf_owed_entry(engine, meta).notifs.extend(notifs)
+
+    def _kvf_owed_entry(self, engine: str, meta: Any) -> _Owed:
+        """The engine's entry in ``_kvf_owed``, made (and announced to the scheduler,
+        which then keeps the engine stepping until it is settled) if there is none."""
+        owed = self._kvf_owed.get(engine)
+        if owed is None:
+            owed = self._kvf_owed[engine] = _Owed(meta)
+            self._kvf_event("owed", engine)
+        return owed
+
+    def _kvf_settle(self, engine: str) -> _Owed:
+        """Removes the engine's entry (paid or given up) and tells the scheduler."""
+        self._kvf_event("owed_settled", engine)
+        return self._kvf_owed.pop(engine)
 
     def _kvf_unread(self, req_id: str) -> None:
         """Step thread (vLLM fails a receive without a handle only there: a failed
@@ -1162,7 +1180,7 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
             or (_RECV, req_id) in self._kvf_handles
         ):
             return
-        owed = self._kvf_owed.setdefault(engine, _Owed(meta))
+        owed = self._kvf_owed_entry(engine, meta)
         if all(r != req_id for r, _ in owed.unread):
             owed.unread.append((req_id, meta))
 
@@ -1212,7 +1230,7 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
                     owed.next_at = now + min(60.0, 2.0 ** (owed.failures - 1))
                 owed.fut = None
                 if owed.failures >= _OWED_TRIES:
-                    del self._kvf_owed[engine]
+                    self._kvf_settle(engine)
                     logger.warning(
                         "kvfence: gave up telling engine %s that %d READ(s) ended and %d "
                         "request(s) will never be read, after %d failed handshakes: it "
@@ -1238,7 +1256,7 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
                 continue
             if engine in self._invalid_remote_engines:
                 continue  # vLLM re-handshakes it once its reads drain
-            del self._kvf_owed[engine]
+            self._kvf_settle(engine)
             for rank, notif in owed.notifs:
                 agent = agents.get((0, rank))
                 try:
@@ -1506,11 +1524,32 @@ class _KvfenceConnectorMixin:
         if not pins:
             del self._kvf_pins[req_id]
 
+    #: Scheduler process: per prefill engine, how many worker ranks owe it a completion
+    #: notification (``owed`` minus ``owed_settled`` events). Made per instance on first
+    #: use; this class-level one is never mutated.
+    _kvf_owing: Dict[str, int] = {}
+
+    def has_pending_push_work(self) -> bool:
+        """vLLM's: keep the engine stepping. Also while a worker owes a prefill a
+        completion notification: a decode sends it from its engine step (vLLM's step
+        thread), and an idle engine does not step, so the prefill would keep those blocks
+        until the decode's next request (vLLM's own use: push WRITEs still in flight)."""
+        return bool(self._kvf_owing) or bool(super().has_pending_push_work())  # type: ignore[misc]
+
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         """Scheduler process: pins and unpins quarantined blocks from the workers' events
         (before vLLM frees any block of this output), vLLM's, then counts the events."""
         meta = connector_output.kv_connector_worker_meta
         events = meta.events if isinstance(meta, KvfenceWorkerMeta) else ()
+        for event, subject, _detail in events:
+            if event == "owed" or event == "owed_settled":
+                if "_kvf_owing" not in self.__dict__:
+                    self._kvf_owing = {}
+                n = self._kvf_owing.get(subject, 0) + (1 if event == "owed" else -1)
+                if n > 0:
+                    self._kvf_owing[subject] = n
+                else:
+                    self._kvf_owing.pop(subject, None)
         if self._kvf_pool is not None:
             for event, subject, detail in events:
                 if event == "quarantine" and detail.startswith(_SEND):

@@ -800,7 +800,9 @@ def test_request_failed_before_its_read_gives_the_prefill_its_blocks_back(
     handshakes: List[str] = []
 
     def first_fails(*args: Any, **kwargs: Any) -> Any:
-        handshakes.append("fail" if not handshakes else "ok")
+        # vLLM's handshake fails (the request is failed), and kvfence's first retry too
+        # (the decode then owes the prefill for a 1 s backoff, idle).
+        handshakes.append("fail" if len(handshakes) < 2 else "ok")
         if handshakes[-1] == "fail":
             raise ConnectionError("the prefill did not answer (test)")
         return real_handshake(*args, **kwargs)
@@ -821,16 +823,30 @@ def test_request_failed_before_its_read_gives_the_prefill_its_blocks_back(
     req.kv_transfer_params["remote_block_ids"] = ([0, 1, 2],)
     decode.sched.add_request(req)
     rid = req.request_id
+    # The decode's engine must keep stepping while it owes the notification, idle or not
+    # (vLLM steps an idle engine only while its scheduler has_requests()): recorded
+    # after each step, with whether the request was failed and the notification sent.
+    awake: List[Tuple[bool, bool, bool]] = []
+
+    def step_and_record() -> bool:
+        awake.append((rid in decode.failed, bool(sent), decode.sched.has_requests()))
+        return rid in decode.failed and bool(sent)
+
     with patch.object(type(w), "_read_blocks", spy_read):
-        decode.steps(300, until=lambda: rid in decode.failed and bool(sent), sleep=0.01)
+        decode.steps(300, until=step_and_record, sleep=0.01)
     assert handshakes and handshakes[0] == "fail", f"the handshake was not failed: {handshakes}"
     assert rid in decode.failed, "vLLM did not fail the request whose handshake failed"
     assert not w._recving_transfers.get(rid), "a READ was posted for the failed request"
     assert sent, "the decode never told the prefill that the failed request will not be read"
     assert [m for _, m in sent] == [f"{prid}:1".encode()], sent
     assert reads and all(not any(ids) for ids in reads), f"a READ was posted: {reads}"
+    owing = [a for failed, told, a in awake if failed and not told]
+    assert owing and all(owing), (
+        f"the idle decode would stop stepping while it owes the prefill (has_requests): {awake}"
+    )
     decode.steps(5, sleep=0.01)
     assert len(sent) == 1, f"notified more than once: {sent}"
+    assert not decode.sched.has_requests(), "the decode keeps stepping after it paid"
     time.sleep(1.1)
     prefill.steps(3)
     assert prefill.frees(prid) == 0, "the prefill freed its blocks before the decode's word"
