@@ -46,6 +46,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import model as _model
+import tally
 import vllm_pair
 from vllm_pair import LEASE_S, Pair
 
@@ -54,36 +55,18 @@ WAITING = "vllm:num_requests_waiting"
 FETCH = "vllm:num_requests_kv_fetch_by_stage"
 
 
-class Tally:
-    """What one scenario run under one rule saw."""
+class Tally(tally.Tally):
+    """What one scenario run under one rule saw (tally.Tally, and the forcing's counts)."""
 
     def __init__(self) -> None:
-        self.requests = 0
-        self.wrong = 0
-        self.errors = 0
-        self.lat: List[float] = []
-        self.first_wrong: List[int] = []
+        super().__init__()
         self.forced = 0  # runs whose forcing saw every event it waits for
         self.cancelled = 0  # requests the client cancelled (client_disconnect)
-        self.refused = 0  # requests answered with an error by design (read_failure's A)
-
-    def check(self, got: Optional[List[int]], want: List[int], lat: float) -> None:
-        self.requests += 1
-        if got is None:
-            self.errors += 1
-            return
-        self.lat.append(lat)
-        if got != want:
-            self.wrong += 1
-            self.first_wrong.append(next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
-                                         min(len(got), len(want))))
+        self.refused = 0  # requests answered with an error by design (read_failure's A, B)
 
     def row(self) -> Dict[str, Any]:
-        lat = sorted(self.lat)
-        p = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
-        return {"requests": self.requests, "wrong_tokens": self.wrong, "http_errors": self.errors,
-                "p50_s": p(0.5), "p99_s": p(0.99), "first_wrong_token": self.first_wrong,
-                "forced": self.forced, "cancelled": self.cancelled, "refused": self.refused}
+        return {**super().row(), "forced": self.forced, "cancelled": self.cancelled,
+                "refused": self.refused}
 
 
 def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, hold: float = 0.0) -> None:

@@ -47,20 +47,18 @@ from typing import Any, Dict, List, Optional, Set
 
 import model as _model
 import sglang_pair
+import tally
 from sglang_pair import RELEASE_TIMEOUT_S, Pair
 
 RELEASED_ANYWAY = "releasing anyway"
 
 
-class Tally:
-    """What one scenario run under one rule saw (the shape of the vLLM rows)."""
+class Tally(tally.Tally):
+    """What one scenario run under one rule saw (tally.Tally, the shape of the vLLM rows,
+    and the faults and their victims)."""
 
     def __init__(self) -> None:
-        self.requests = 0
-        self.wrong = 0
-        self.errors = 0
-        self.lat: List[float] = []
-        self.first_wrong: List[int] = []
+        super().__init__()
         self.faulted = 0
         self.faulted_answered = 0
         self.victims = 0
@@ -69,27 +67,11 @@ class Tally:
         self.landed = 0
         self.notes: List[str] = []
 
-    def check(self, got: Optional[List[int]], want: List[int], lat: float) -> bool:
-        self.requests += 1
-        if got is None:
-            self.errors += 1
-            return False
-        self.lat.append(lat)
-        if got != want:
-            self.wrong += 1
-            self.first_wrong.append(next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
-                                         min(len(got), len(want))))
-            return False
-        return True
-
     def row(self) -> Dict[str, Any]:
-        lat = sorted(self.lat)
-        p = (lambda q: round(lat[min(len(lat) - 1, int(q * len(lat)))], 3)) if lat else (lambda q: None)
-        return {"requests": self.requests, "wrong_tokens": self.wrong, "http_errors": self.errors,
-                "p50_s": p(0.5), "p99_s": p(0.99), "first_wrong_token": self.first_wrong,
-                "faulted": self.faulted, "faulted_answered": self.faulted_answered,
-                "victims": self.victims, "victim_overlap_slots": self.overlap,
-                "late_writes_landed": self.landed, "notes": self.notes}
+        return {**super().row(), "faulted": self.faulted,
+                "faulted_answered": self.faulted_answered, "victims": self.victims,
+                "victim_overlap_slots": self.overlap, "late_writes_landed": self.landed,
+                "notes": self.notes}
 
 
 def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, room: Optional[int] = None,
