@@ -2,8 +2,10 @@
 //!
 //! * `begin_complete`: `begin_transfer` + `complete` on an uncontended live room, next to
 //!   `fetch_add` + `fetch_sub` on an `AtomicU64` (`bare_atomic_pair`, the physical limit),
-//!   and the same pair as two load + CAS loops (`bare_cas_pair`, the limit of any design
-//!   whose hold must check the room's phase and generation before it is taken).
+//!   and the same pair as two load + CAS loops (`bare_cas_pair`: the limit of a design
+//!   whose hold checks the room's phase and generation *before* it is taken, as kvfence's
+//!   did until issue 42; it now takes it with one `fetch_add` and checks the value that
+//!   returned, see `src/room_word.rs`).
 //! * `quiesce`: one writer rank's ACK on a live room of 64 ranks (2 of every 64 calls also
 //!   drop the mask word's hold on the room word; none releases).
 //! * `abort_ack_release`: abort a room of 16 pages and 8 writer ranks, then the 8 ACKs, the
@@ -41,8 +43,8 @@ fn hot_path(c: &mut Criterion) {
     let word = AtomicU64::new(0);
     common::single_thread(c, "kvfence", table, |g| {
         g.bench_function("bare_atomic_pair", |b| b.iter(|| bare_pair(&word)));
-        // Diagnostic: the same pair done as load + CAS loops, the form every room-word
-        // transition takes (it must check phase and generation before adding a hold).
+        // Diagnostic: the same pair done as load + CAS loops, the form a hold took before
+        // issue 42 (checked before it is added; now one `fetch_add`, checked after).
         g.bench_function("bare_cas_pair", |b| b.iter(|| bare_cas_pair(&word)));
     });
 }

@@ -4,11 +4,12 @@
 //! # Implementation details
 //!
 //! **Deciding.** Exactly one RMW on the room word observes a closing room reaching zero
-//! holds: the CAS of `RoomWord::close` (which also moves it to `FREE` with the next
-//! generation), or the `fetch_sub` of `RoomWord::drop_hold` (whose caller then stores that
-//! state). Whichever call makes the last change (an abort with nothing in flight, the last
-//! transfer's end, the last ACK, a fence, a quarantine) wins, and calls
-//! [`RoomTable::release`]. The winner happens-after every writer of the lifecycle (every
+//! holds and moves it to `FREE` with the next generation: the CAS of `RoomWord::close`, or
+//! the release CAS that follows a `fetch_sub` taking a closing room to no hold (of
+//! `RoomWord::drop_hold`, or of the take-back of a refused `begin_transfer`'s transient
+//! unit: see `room_word.rs`). Whichever call makes the last change (an abort with nothing
+//! in flight, the last transfer's end, the last ACK, a fence, a quarantine, a refused begin
+//! whose unit the last drop saw) wins, and calls [`RoomTable::release`]. The winner happens-after every writer of the lifecycle (every
 //! change of the room word in between is an RMW, which continues the release sequence).
 //!
 //! **Delivering.** A release is *delivered* when its [`Released`] value (handle, token,
@@ -18,7 +19,8 @@
 //!   end, `fence_rank`, `quarantine`); or
 //! * through the release queue: with [`Config::release_queue`](crate::Config) every release,
 //!   and in any mode a release that no caller can return (a transfer guard dropped while
-//!   unwinding on a quarantined room, a `grow` whose hold was the last), is *queued*: the
+//!   unwinding on a quarantined room, a `grow` whose hold was the last, a refused transfer
+//!   begin whose transient unit was the last), is *queued*: the
 //!   winner stores its reason in the slot and sets the room's bit in a [`PendingSet`];
 //!   [`RoomTable::drain_released`] delivers it on the owner's thread.
 //!
@@ -52,7 +54,7 @@
 use crate::counters::Event;
 use crate::error::Error;
 pub use crate::room_word::Reason;
-use crate::room_word::{Hold, Refusal, Step};
+use crate::room_word::{Hold, Refusal, Refused, Step};
 use crate::state::{mark, queued_of, tagged, RoomTable, Slot, QUEUED};
 use crate::sync::Ordering;
 use crate::writers::Cleared;
@@ -90,14 +92,28 @@ pub enum Quiesced {
 }
 
 impl RoomTable {
-    /// Takes a transfer hold on an owned room of generation `gen`.
+    /// Takes a transfer hold on an owned room of generation `gen` (`slot` is room
+    /// `index`'s). A refusal whose transient unit's take-back performed a release (see
+    /// `RoomWord::begin_transfer`) queues that release: the caller has none to return.
     #[inline] // inlined into kvfence-ffi (see lib.rs)
-    pub(crate) fn hold(&self, slot: &Slot, gen: u32) -> Result<(), Error> {
-        match slot.word.begin(gen, Hold::Transfer) {
+    pub(crate) fn hold(&self, index: usize, slot: &Slot, gen: u32) -> Result<(), Error> {
+        match slot.word.begin_transfer(gen) {
             Ok(()) => Ok(()),
-            Err(Refusal::Stale) => Err(self.stale()),
-            Err(Refusal::Phase(phase)) => Err(Error::RoomClosed { phase }),
-            Err(Refusal::HoldsFull) => Err(Error::TooManyTransfers),
+            Err(refused) => Err(self.refused(index, refused)),
+        }
+    }
+
+    /// The error of a refused transfer hold, after queueing the release its take-back
+    /// performed, if any.
+    #[cold]
+    fn refused(&self, index: usize, refused: Refused) -> Error {
+        if let Some((gen, reason)) = refused.released {
+            let _ = self.release_to(index, gen, reason, true);
+        }
+        match refused.refusal {
+            Refusal::Stale => self.stale(),
+            Refusal::Phase(phase) => Error::RoomClosed { phase },
+            Refusal::HoldsFull => Error::TooManyTransfers,
         }
     }
 
@@ -402,5 +418,51 @@ impl RoomTable {
             std::panic::resume_unwind(p);
         }
         delivered
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{Config, Error, Phase};
+
+    /// Issue 42: a refused transfer hold whose transient unit was the room's last hold
+    /// performs the release on take-back; `begin_transfer` has nobody to return it to, so
+    /// it is queued (in pool mode without the queue too), exactly once.
+    #[test]
+    fn a_refused_hold_that_releases_queues_the_release() {
+        let table = RoomTable::new(Config::pool(4, 16)).unwrap();
+        let room = table.open(&[], 3).unwrap();
+        let guard = table.begin_transfer(room.handle).unwrap();
+        assert!(table.abort(room.handle).unwrap().released.is_none());
+        let index = room.handle.index();
+        let slot = &table.slots[index].0;
+        // A concurrent refused begin: its unit is in when the last transfer completes.
+        slot.word.add_transient_unit();
+        assert!(guard.complete().is_none());
+        assert_eq!(table.queued_releases(), 0);
+        let refused = Refused {
+            refusal: Refusal::Phase(Phase::Aborting),
+            released: slot.word.back_out(),
+        };
+        assert_eq!(
+            table.refused(index, refused),
+            Error::RoomClosed {
+                phase: Phase::Aborting
+            }
+        );
+        let mut out = Vec::new();
+        assert_eq!(table.drain_released(&mut out), 1);
+        assert_eq!(out[0].handle, room.handle);
+        assert_eq!(
+            (out[0].reason, &out[0].pages),
+            (Reason::Aborted, &room.pages)
+        );
+        assert_eq!(table.stats().pages.free, 16);
+        assert!(matches!(
+            table.begin_transfer(room.handle),
+            Err(Error::StaleHandle)
+        ));
+        assert_eq!(table.drain_released(&mut out), 0);
     }
 }

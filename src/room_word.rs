@@ -26,21 +26,44 @@
 //! * `generation` numbers the room's lifecycles; a handle carries the generation it was
 //!   opened with, and every operation compares it first.
 //!
-//! Every transition is one atomic read-modify-write of this word (a CAS, or for dropping
-//! an owned hold a `fetch_sub`), so "no hold of any kind" is *observed* and *acted on* in
-//! one RMW: the release (`ABORTING|DRAINING` with no hold -> `FREE`, generation + 1) cannot
-//! be performed twice, and cannot be performed while anyone can still add a hold, because
-//! adding a hold ([`RoomWord::begin`]) requires `OWNED` and the same generation. The
-//! release's [`Reason`] is a function of the value that RMW observed (the closing phase
-//! and `Q`), never of a separate store.
+//! Every transition is one atomic read-modify-write of this word (a CAS; a `fetch_sub`
+//! to drop an owned hold; a `fetch_add` to add a transfer hold), and the release
+//! (`ABORTING|DRAINING` with no hold -> `FREE`, generation + 1) is always a CAS from exactly
+//! "closing, this generation, no hold", so "no hold of any kind" is *observed* and *acted
+//! on* in one RMW: the release cannot be performed twice (the generation moves on with
+//! it), and cannot be performed while a hold can still be added, because a hold is only
+//! *kept* by a call that found the room `OWNED` and of its generation. The release's
+//! [`Reason`] is a function of the value that CAS replaced (the closing phase and `Q`),
+//! never of a separate store.
+//!
+//! **Transient units** (issue 42): a transfer hold is taken optimistically, one
+//! `fetch_add` whose returned value is checked afterwards ([`RoomWord::begin_transfer`]),
+//! the cheapest hold there is (a CAS loop needs a load and a compare first). A refused
+//! call has then added a unit to a word that did not want it (closing, full, `FREE`, or a
+//! later lifecycle's) and takes it back with a `fetch_sub` right away. Until then the unit
+//! *is* a transfer hold to everyone (nothing can tell it apart), so the rules are written
+//! for it:
+//! * it can only delay a release, never cause one; if the last real hold's drop saw it, the
+//!   unit's take-back is the drop that takes the room to no hold, and it performs the
+//!   release (delivered through the release queue: a refused `begin` has nobody to return
+//!   it to);
+//! * nothing erases it: the release CAS needs the count at zero, and
+//!   [`RoomWord::publish`] adds `OWNED` to a `FREE` word instead of storing one, so the
+//!   take-back always finds its unit (a word never goes below zero or borrows from the
+//!   field above); a later lifecycle inherits the units of stale calls still in flight,
+//!   and their take-back may be its release;
+//! * the count never carries: [`MAX_TRANSFERS`] is half the field, and at most one unit
+//!   per thread inside `begin_transfer` is transient.
 //!
 //! Who writes the word:
-//! * the opener, once, with [`RoomWord::publish`] (a plain `Release` store: it owns the
-//!   room through the room bitmap, and nothing else writes a `FREE` word);
-//! * everyone else by CAS, and only while the phase is not `FREE` and the generation
-//!   matches their handle; except that a hold its owner drops is one `fetch_sub`, and the
-//!   owner whose `fetch_sub` took a closing room to no hold then stores the released
-//!   state (nothing else can change the word in between: see [`RoomWord::drop_hold`]).
+//! * the opener, once per lifecycle, with [`RoomWord::publish`] (a `Release` `fetch_add` of
+//!   `OWNED` and the writer holds: it owns the room through the room bitmap, and nothing
+//!   else changes a `FREE` word but transient units);
+//! * everyone else by RMW, and a hold is only kept while the phase is `OWNED` (added) or
+//!   not `FREE` (dropped) and the generation matches the handle: a CAS for every checked
+//!   transition, a `fetch_add` for a transfer hold, a `fetch_sub` to drop an owned hold
+//!   or take back a transient unit; the `fetch_sub` that takes a closing room to no hold
+//!   then tries the release CAS (see [`RoomWord::drop_hold`]).
 //!
 //! Orderings: every CAS is `AcqRel`. The `Release` half publishes the caller's writes to
 //! the pages (a transfer's bytes, an ACK's "I have drained") to whoever performs the
@@ -59,8 +82,12 @@ const STAMP: Field = Field::after(Some(GROW), 1);
 const QUARANTINED: Field = Field::after(Some(STAMP), 1);
 const PHASE: Field = Field::after(Some(QUARANTINED), 2);
 
-/// The most transfers one room can carry at once.
-pub(crate) const MAX_TRANSFERS: u32 = TRANSFERS.max() as u32;
+/// The most transfers one room can carry at once: half the field, so that the transient
+/// units of refused [`RoomWord::begin_transfer`]s (one per thread inside the call at most)
+/// can never carry out of it.
+pub(crate) const MAX_TRANSFERS: u32 = (TRANSFERS.max() / 2 + 1) as u32;
+// Headroom for the transient units: the limit plus as many again still fit the field.
+const _: () = assert!(MAX_TRANSFERS as u64 * 2 - 1 <= TRANSFERS.max());
 
 /// What holds a room (see the module docs); each is one unit of its own field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -256,6 +283,17 @@ pub(crate) enum Refusal {
     HoldsFull,
 }
 
+/// A refused [`RoomWord::begin_transfer`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    /// Why.
+    pub(crate) refusal: Refusal,
+    /// The release that taking the transient unit back performed, if it did: the
+    /// generation it ended (not necessarily the caller's) and why. The caller must deliver
+    /// it (it has no caller of its own to return it to: the release queue).
+    pub(crate) released: Option<(u32, Reason)>,
+}
+
 /// What a transition that may release did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -298,14 +336,21 @@ impl RoomWord {
     ///
     /// Only the thread that claimed the room's index in the room bitmap may call this, while
     /// the word is `FREE`; `Release` publishes the page list and the mask words it wrote.
+    ///
+    /// A `fetch_add` of the difference, not a store: a `FREE` word may carry transient
+    /// transfer units of refused [`begin_transfer`](Self::begin_transfer)s with stale
+    /// handles, which their callers take back with a `fetch_sub`; a store would erase them
+    /// and that `fetch_sub` would then take a unit the new lifecycle never had. Everything
+    /// else of a `FREE` word is zero (phase, `Q`, `S`, `G`, `words`: see
+    /// [`State::released`]), so adding `OWNED` and `words` sets exactly those fields.
     #[inline] // inlined into kvfence-ffi (see lib.rs)
     pub(crate) fn publish(&self, gen: u32, words: u32) {
         debug_assert_eq!(
-            self.load(Ordering::Relaxed),
+            State(self.load(Ordering::Relaxed).0 & !TRANSFERS.set(0, TRANSFERS.max())),
             State::new(Phase::Free, 0, 0, gen)
         );
         self.0
-            .store(State::new(Phase::Owned, 0, words, gen).0, Ordering::Release);
+            .fetch_add(State::new(Phase::Owned, 0, words, 0).0, Ordering::Release);
     }
 
     /// The CAS loop every checked transition goes through: `f` maps the current state to the
@@ -328,42 +373,127 @@ impl RoomWord {
         }
     }
 
-    /// Adds a hold of `kind` (`Transfer` or `Grow`): only to an `OWNED` room of
-    /// generation `gen`. The grow hold is taken under the room's grow lock, so it is never
-    /// taken twice.
-    #[inline]
-    pub(crate) fn begin(&self, gen: u32, kind: Hold) -> Result<(), Refusal> {
-        debug_assert!(matches!(kind, Hold::Transfer | Hold::Grow));
+    /// Adds the grow hold: only to an `OWNED` room of generation `gen`. It is taken under
+    /// the room's grow lock, so it is never taken twice.
+    pub(crate) fn begin_grow(&self, gen: u32) -> Result<(), Refusal> {
         self.transition(|s| {
-            if s.gen() != gen || s.phase() == Phase::Free {
-                return Err(Refusal::Stale);
-            }
-            if s.phase() != Phase::Owned {
-                return Err(Refusal::Phase(s.phase()));
-            }
-            let full = match kind {
-                Hold::Grow => s.growing(),
-                _ => s.transfers() == MAX_TRANSFERS,
-            };
-            if full {
+            refusal(s, gen)?;
+            if s.growing() {
                 return Err(Refusal::HoldsFull);
             }
-            Ok(State(s.0 + kind.one()))
+            Ok(State(s.0 + Hold::Grow.one()))
         })
         .map(|_| ())
     }
 
+    /// Adds a transfer hold: only to an `OWNED` room of generation `gen` with fewer than
+    /// [`MAX_TRANSFERS`] transfers.
+    ///
+    /// **Optimistic**: one `fetch_add` of a transfer unit, then the checks on the value it
+    /// returns. If they pass, the unit is the hold (the same RMW that checked the word added
+    /// it). If not, the caller put a *transient unit* into a word that refuses it (closing,
+    /// full, `FREE`, or another lifecycle's) and takes it back at once ([`Self::back_out`]);
+    /// that take-back may perform a release (possibly of another lifecycle), which comes
+    /// back in [`Refused::released`] for the caller to deliver.
+    ///
+    /// A transient unit counts as a hold for as long as it is in the word (every rule reads
+    /// `transfers` whatever put it there): it can delay a release, never cause one early;
+    /// and because the release is a CAS that needs the count at zero (see
+    /// [`drop_hold`](Self::drop_hold)), never erase a unit, and `publish` adds to the word
+    /// rather than storing it, the unit is still there when its `fetch_sub` comes.
+    #[inline]
+    pub(crate) fn begin_transfer(&self, gen: u32) -> Result<(), Refused> {
+        if mutant!(kvfence_naive_release) {
+            // Under the test-only mutation a release can happen under a hold: keep the
+            // checked CAS (as `drop_hold` does) so no unit lands in a word it freed.
+            return self
+                .transition(|s| {
+                    refusal(s, gen)?;
+                    if s.transfers() >= MAX_TRANSFERS {
+                        return Err(Refusal::HoldsFull);
+                    }
+                    Ok(State(s.0 + Hold::Transfer.one()))
+                })
+                .map(|_| ())
+                .map_err(|refusal| Refused {
+                    refusal,
+                    released: None,
+                });
+        }
+        let old = State(self.0.fetch_add(Hold::Transfer.one(), Ordering::AcqRel));
+        let checked = match refusal(old, gen) {
+            Ok(()) if old.transfers() >= MAX_TRANSFERS => Err(Refusal::HoldsFull),
+            checked => checked,
+        };
+        match checked {
+            Ok(()) => Ok(()),
+            Err(refusal) => Err(Refused {
+                refusal,
+                released: self.back_out(),
+            }),
+        }
+    }
+
+    /// Takes back the transient unit of a refused [`begin_transfer`](Self::begin_transfer):
+    /// one `fetch_sub`. If that took a closing room to no hold, tries the release (it may be
+    /// this call's to perform: the last real hold's drop saw the unit and left the room
+    /// held) and returns it, with the generation it ended, for the caller to deliver.
+    #[cold]
+    pub(crate) fn back_out(&self) -> Option<(u32, Reason)> {
+        let old = State(self.0.fetch_sub(Hold::Transfer.one(), Ordering::AcqRel));
+        debug_assert!(old.transfers() > 0, "back_out without a unit: {old:?}");
+        self.release_if_last(old, Hold::Transfer)
+            .map(|reason| (old.gen(), reason))
+    }
+
+    /// The first half of a refused `begin_transfer`, for tests: its unit, not taken back.
+    #[cfg(test)]
+    pub(crate) fn add_transient_unit(&self) {
+        self.0.fetch_add(Hold::Transfer.one(), Ordering::AcqRel);
+    }
+
+    /// After a `fetch_sub` of `kind` that returned `old`: if it took a closing room to no
+    /// hold, the release, by CAS from exactly that state (see [`drop_hold`](Self::drop_hold)).
+    #[inline]
+    fn release_if_last(&self, old: State, kind: Hold) -> Option<Reason> {
+        if old.holds() != 1 || !old.phase().is_closing() {
+            return None;
+        }
+        let mut cur = State(old.0 - kind.one());
+        loop {
+            // Only a closing room of the same lifecycle with no hold at all: anything else
+            // means a transient unit came in (its `back_out` tries again) or the release is
+            // done (by that `back_out`).
+            if cur.gen() != old.gen() || !cur.phase().is_closing() || cur.holds() != 0 {
+                return None;
+            }
+            match self.0.compare_exchange_weak(
+                cur.0,
+                cur.released().0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(cur.reason()),
+                Err(actual) => cur = State(actual),
+            }
+        }
+    }
+
     /// Drops one hold of kind `kind` the caller owns; the call that drops the last hold of
-    /// a closing room releases it.
+    /// a closing room releases it (unless a transient unit came in: see below).
     ///
     /// One `fetch_sub`, not a CAS loop: the caller *owns* the hold, so the word cannot be
     /// in another generation or `FREE` (a held room is never released), and no check is
-    /// needed before the decrement. The decrement that takes a closing room from one hold
-    /// to none is the deciding RMW: it observes "closing, nothing holds it" and the
-    /// reason (phase, quarantine bit) in the value it returns, and from that moment the
-    /// word is frozen (`begin` needs `OWNED`, `close` and `quarantine` refuse a closing
-    /// room with no hold, every other decrement needs a hold, and none is left), so the
-    /// same thread completes the release with a plain store of `FREE`, generation + 1.
+    /// needed before the decrement. A decrement that takes a closing room from one hold to
+    /// none then performs the release with a CAS from exactly "closing, this lifecycle, no
+    /// hold" to `FREE`, generation + 1: that CAS is the deciding RMW, and the reason
+    /// (phase, quarantine bit) is read from the value it replaced. In between, the word
+    /// can only change by the transient units of refused `begin_transfer`s (`close` and
+    /// `quarantine` refuse a closing room with no hold, every other decrement needs a
+    /// hold, and none is left). If one came in, the CAS finds a hold and gives up: the
+    /// unit's `back_out` is now the decrement that takes the room to no hold, and it tries
+    /// the same CAS. So exactly one CAS releases (the generation moves on with it), and one
+    /// is always tried after the last change.
     #[inline]
     pub(crate) fn drop_hold(&self, gen: u32, kind: Hold) -> Result<Step, Refusal> {
         if mutant!(kvfence_naive_release) {
@@ -376,12 +506,10 @@ impl RoomWord {
             old.gen() == gen && old.phase() != Phase::Free && held_by(old, kind),
             "drop_hold without a hold: {old:?} {kind:?}"
         );
-        if old.holds() == 1 && old.phase().is_closing() {
-            self.0.store(old.released().0, Ordering::Release);
-            Ok(Step::Released(old.reason()))
-        } else {
-            Ok(Step::Held)
-        }
+        Ok(match self.release_if_last(old, kind) {
+            Some(reason) => Step::Released(reason),
+            None => Step::Held,
+        })
     }
 
     /// `drop_hold` as a checked CAS loop (generation, phase and count verified first).
@@ -413,9 +541,10 @@ impl RoomWord {
             if s.gen() != gen || s.phase() == Phase::Free {
                 return Err(Refusal::Stale);
             }
-            // A closing room with no hold is being released: the `fetch_sub` of
-            // `drop_hold` decided it and its thread is about to store `FREE`. Nothing may
-            // decide it again.
+            // A closing room with no hold is being released: a `fetch_sub` took it there
+            // and its thread is about to try the release CAS. Refused, so that this call's
+            // answer matches that release (which would also win against a close here: both
+            // are CASes from the same value, issue 42).
             if s.phase().is_closing() && s.holds() == 0 {
                 return Err(Refusal::Stale);
             }
@@ -456,6 +585,18 @@ impl RoomWord {
         })?;
         Ok(closed(old, new, Reason::Quarantined))
     }
+}
+
+/// Why a hold cannot be added to `s` by a handle of lifecycle `gen`, if it cannot.
+#[inline(always)]
+const fn refusal(s: State, gen: u32) -> Result<(), Refusal> {
+    if s.gen() != gen || matches!(s.phase(), Phase::Free) {
+        return Err(Refusal::Stale);
+    }
+    if !matches!(s.phase(), Phase::Owned) {
+        return Err(Refusal::Phase(s.phase()));
+    }
+    Ok(())
 }
 
 /// Whether `s` carries a hold of `kind`.
@@ -521,11 +662,11 @@ mod tests {
     fn release_needs_close_and_no_hold() {
         let w = RoomWord::new();
         w.publish(0, 1);
-        w.begin(0, Hold::Transfer).unwrap();
+        w.begin_transfer(0).unwrap();
         assert_eq!(w.drop_hold(0, Hold::Transfer), Ok(Step::Held));
         assert_eq!(w.close(0, Phase::Aborting), Ok(Closed::Stamp));
         assert_eq!(
-            w.begin(0, Hold::Transfer),
+            w.begin_transfer(0).map_err(|r| r.refusal),
             Err(Refusal::Phase(Phase::Aborting))
         );
         assert_eq!(w.drop_hold(0, Hold::Stamp), Ok(Step::Held));
@@ -535,7 +676,10 @@ mod tests {
         );
         assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 1));
         assert_eq!(w.drop_hold_checked(0, Hold::Transfer), Err(Refusal::Stale));
-        assert_eq!(w.begin(0, Hold::Transfer), Err(Refusal::Stale));
+        assert_eq!(
+            w.begin_transfer(0).map_err(|r| r.refusal),
+            Err(Refusal::Stale)
+        );
     }
 
     /// The stamp hold alone keeps a room: its drop may be the release.
@@ -543,7 +687,7 @@ mod tests {
     fn the_stamp_hold_can_be_the_last() {
         let w = RoomWord::new();
         w.publish(0, 0);
-        w.begin(0, Hold::Transfer).unwrap();
+        w.begin_transfer(0).unwrap();
         assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
         assert_eq!(w.drop_hold(0, Hold::Transfer), Ok(Step::Held));
         assert_eq!(
@@ -567,11 +711,11 @@ mod tests {
     fn the_grow_hold_is_single() {
         let w = RoomWord::new();
         w.publish(0, 0);
-        w.begin(0, Hold::Grow).unwrap();
-        assert_eq!(w.begin(0, Hold::Grow), Err(Refusal::HoldsFull));
+        w.begin_grow(0).unwrap();
+        assert_eq!(w.begin_grow(0), Err(Refusal::HoldsFull));
         assert_eq!(w.load(Ordering::Relaxed).transfers(), 0);
         assert_eq!(w.drop_hold(0, Hold::Grow), Ok(Step::Held));
-        w.begin(0, Hold::Grow).unwrap();
+        w.begin_grow(0).unwrap();
     }
 
     #[test]
@@ -611,13 +755,151 @@ mod tests {
     fn quarantine_in_the_release_gap_changes_nothing() {
         let w = RoomWord::new();
         w.publish(0, 0);
-        w.begin(0, Hold::Transfer).unwrap();
+        w.begin_transfer(0).unwrap();
         assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
         assert_eq!(w.drop_hold(0, Hold::Stamp), Ok(Step::Held));
         let old = State(w.0.fetch_sub(Hold::Transfer.one(), Ordering::AcqRel));
         assert_eq!(old.reason(), Reason::Finished);
         assert_eq!(w.quarantine(0), Err(Refusal::Stale));
         assert!(!w.load(Ordering::Relaxed).quarantined());
+    }
+
+    const UNIT: u64 = TRANSFERS.set(0, 1);
+
+    /// Issue 42: a transient unit that arrives between the last hold's `fetch_sub` and its
+    /// release CAS makes that CAS give up; the unit's take-back performs the release, once.
+    #[test]
+    fn a_transient_unit_in_the_release_gap_takes_the_release_over() {
+        let w = RoomWord::new();
+        w.publish(0, 0);
+        w.begin_transfer(0).unwrap();
+        assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(0, Hold::Stamp), Ok(Step::Held));
+        // The last hold's decrement, before its release CAS.
+        let old = State(w.0.fetch_sub(UNIT, Ordering::AcqRel));
+        assert_eq!((old.phase(), old.holds()), (Phase::Draining, 1));
+        // A refused begin in the gap: its unit is the hold now, and its take-back releases.
+        assert_eq!(
+            w.begin_transfer(0),
+            Err(Refused {
+                refusal: Refusal::Phase(Phase::Draining),
+                released: Some((0, Reason::Finished)),
+            })
+        );
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 1));
+        // The first decrement's CAS now finds another lifecycle: it releases nothing.
+        assert_eq!(w.release_if_last(old, Hold::Transfer), None);
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 1));
+    }
+
+    /// Issue 42 (found by cargo-mutants): the release CAS after the last drop gives up when
+    /// a transient unit is in the word, and never releases a *later* lifecycle that happens
+    /// to be in its own release gap.
+    #[test]
+    fn the_release_cas_needs_this_lifecycle_and_no_hold() {
+        let w = RoomWord::new();
+        w.publish(0, 0);
+        w.begin_transfer(0).unwrap();
+        assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(0, Hold::Stamp), Ok(Step::Held));
+        // The last hold's decrement, then a unit comes in before the release CAS.
+        let old = State(w.0.fetch_sub(UNIT, Ordering::AcqRel));
+        w.add_transient_unit();
+        let held = State::new(Phase::Draining, 1, 0, 0);
+        assert_eq!(w.load(Ordering::Relaxed), held);
+        assert_eq!(w.release_if_last(old, Hold::Transfer), None);
+        assert_eq!(w.load(Ordering::Relaxed), held);
+        assert_eq!(w.back_out(), Some((0, Reason::Finished)));
+        // Generation 1 opens, closes and reaches its own release gap (no hold, not FREE
+        // yet): the stale CAS of generation 0 must leave it alone.
+        w.publish(1, 1);
+        assert_eq!(w.close(1, Phase::Aborting), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(1, Hold::Stamp), Ok(Step::Held));
+        let gap = State(w.0.fetch_sub(Hold::Writers.one(), Ordering::AcqRel));
+        let dead = State::new(Phase::Aborting, 0, 0, 1);
+        assert_eq!(w.load(Ordering::Relaxed), dead);
+        assert_eq!(w.release_if_last(old, Hold::Transfer), None);
+        assert_eq!(w.load(Ordering::Relaxed), dead);
+        assert_eq!(w.release_if_last(gap, Hold::Writers), Some(Reason::Aborted));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 2));
+    }
+
+    /// Issue 42: the last real hold's drop that sees a transient unit leaves the room held;
+    /// the unit's take-back releases it, with the reason of the value its CAS replaced.
+    #[test]
+    fn the_last_drop_beside_a_transient_unit_leaves_the_release_to_it() {
+        let w = RoomWord::new();
+        w.publish(0, 0);
+        w.begin_transfer(0).unwrap();
+        assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(0, Hold::Stamp), Ok(Step::Held));
+        w.0.fetch_add(UNIT, Ordering::AcqRel); // a refused begin's unit, not yet taken back
+        assert_eq!(w.drop_hold(0, Hold::Transfer), Ok(Step::Held));
+        // While the unit is in, the room is held: a quarantine still takes part.
+        assert_eq!(w.quarantine(0), Ok(Closed::Held));
+        assert_eq!(w.back_out(), Some((0, Reason::Quarantined)));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 1));
+    }
+
+    /// Issue 42: a stale call's unit in a `FREE` word survives `publish` (a store would
+    /// erase it and its take-back would then steal a unit the new lifecycle never had), and
+    /// its take-back may be that lifecycle's release.
+    #[test]
+    fn publish_keeps_a_stale_transient_unit() {
+        let w = RoomWord::new();
+        w.publish(0, 0);
+        assert_eq!(
+            w.close(0, Phase::Aborting),
+            Ok(Closed::Released(Reason::Aborted))
+        );
+        // A stale begin (generation 0) adds its unit to the FREE word of generation 1.
+        let old = State(w.0.fetch_add(UNIT, Ordering::AcqRel));
+        assert_eq!((old.phase(), old.gen()), (Phase::Free, 1));
+        w.publish(1, 1);
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Owned, 1, 1, 1));
+        // Generation 1 is closed, and its writer word drops: the unit still holds it.
+        assert_eq!(w.close(1, Phase::Aborting), Ok(Closed::Stamp));
+        assert_eq!(w.drop_hold(1, Hold::Stamp), Ok(Step::Held));
+        assert_eq!(w.drop_hold(1, Hold::Writers), Ok(Step::Held));
+        // The stale call's take-back releases generation 1 (not its own 0).
+        assert_eq!(w.back_out(), Some((1, Reason::Aborted)));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 2));
+        // A take-back from an owned or FREE word releases nothing and leaves it exact.
+        w.0.fetch_add(UNIT, Ordering::AcqRel);
+        assert_eq!(w.back_out(), None);
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Free, 0, 0, 2));
+        w.publish(2, 0);
+        assert_eq!(
+            w.begin_transfer(1),
+            Err(Refused {
+                refusal: Refusal::Stale,
+                released: None
+            })
+        );
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Owned, 0, 0, 2));
+    }
+
+    /// A full room refuses a transfer and is left exactly as it was; one below full takes
+    /// it; the field has room above `MAX_TRANSFERS` for transient units.
+    #[test]
+    fn a_full_room_refuses_and_is_unchanged() {
+        let w = RoomWord::new();
+        w.0.store(
+            State::new(Phase::Owned, MAX_TRANSFERS - 1, 0, 5).0,
+            Ordering::Relaxed,
+        );
+        w.begin_transfer(5).unwrap();
+        let full = State::new(Phase::Owned, MAX_TRANSFERS, 0, 5);
+        assert_eq!(w.load(Ordering::Relaxed), full);
+        assert_eq!(
+            w.begin_transfer(5),
+            Err(Refused {
+                refusal: Refusal::HoldsFull,
+                released: None
+            })
+        );
+        assert_eq!(w.load(Ordering::Relaxed), full);
+        assert_eq!(MAX_TRANSFERS, 1 << 24);
     }
 
     /// A quarantine that wins is part of the deciding value.
@@ -628,7 +910,7 @@ mod tests {
         assert_eq!(w.quarantine(0), Ok(Closed::Released(Reason::Quarantined)));
         let w = RoomWord::new();
         w.publish(0, 1);
-        w.begin(0, Hold::Transfer).unwrap();
+        w.begin_transfer(0).unwrap();
         assert_eq!(w.close(0, Phase::Draining), Ok(Closed::Stamp));
         assert_eq!(w.quarantine(0), Ok(Closed::Held));
         assert_eq!(w.quarantine(0), Ok(Closed::Held)); // idempotent

@@ -199,6 +199,12 @@ impl RoomTable {
         slot.failed.store(tagged(gen, 0), Ordering::Relaxed);
         let holds = slot.writers.stamp(gen, writers);
         slot.word.publish(gen, holds);
+        // With no writer no fence can concern the room: neither re-check below can find
+        // anything (no rank to be fenced, no position to lose), so the fence that orders
+        // them after the publish is skipped (issue 42: a pool-mode `open` of pages only).
+        if writers.is_empty() {
+            return Ok(self.handle(index, gen));
+        }
 
         // A `fence_rank` racing with us may have fenced a writer after our check above and
         // scanned the room words before our publish. After this fence we see its rank, or
@@ -332,7 +338,7 @@ impl RoomTable {
         let gen = handle.generation();
         // The lock first: one grower at a time holds the room's single grow hold.
         let _lock = lock(&slot.grow_lock);
-        match slot.word.begin(gen, Hold::Grow) {
+        match slot.word.begin_grow(gen) {
             Ok(()) => {}
             Err(Refusal::Stale) => return Err(self.stale()),
             Err(Refusal::Phase(phase)) => return Err(Error::RoomClosed { phase }),

@@ -3,7 +3,10 @@
 //! # Implementation details
 //!
 //! Every form takes one *hold* on the room word at its start (refused unless the room is
-//! `OWNED` and of the handle's generation) and gives it up exactly once at its end:
+//! `OWNED` and of the handle's generation) and gives it up exactly once at its end. Taking
+//! it is one `fetch_add`, checked on the value it returns; a refused call takes its unit
+//! back at once, and if the room's last real hold was dropped meanwhile, that take-back is
+//! the room's release, which goes to the release queue (`room_word.rs`, issue 42):
 //!
 //! | form | for | ends by |
 //! |---|---|---|
@@ -76,7 +79,9 @@ impl RoomTable {
     ///
     /// This is the check a queued transfer intent makes right before it touches the pages:
     /// after an abort (or once the room is reused) it is refused, so a stale intent can
-    /// never write.
+    /// never write. A refused call can end up performing a closing room's release (when
+    /// the room's last hold was dropped while the call ran): that release goes to the
+    /// release queue ([`drain_released`](Self::drain_released)).
     ///
     /// # Errors
     /// [`Error::RoomClosed`] (aborting or draining), [`Error::StaleHandle`],
@@ -160,7 +165,7 @@ impl RoomTable {
     #[inline]
     fn begin_hold(&self, handle: RoomHandle) -> Result<(), Error> {
         let slot = self.slot(handle)?;
-        self.hold(slot, handle.generation())
+        self.hold(handle.index(), slot, handle.generation())
     }
 
     /// Ends a transfer's hold with `outcome` on the room lifecycle `room`: `index << 32 |
@@ -293,7 +298,7 @@ impl RoomTable {
         check_peer(peer)?;
         let slot = self.slot(handle)?;
         let t = self.tokens_free.claim_one().ok_or(Error::TooManyTokens)?;
-        if let Err(e) = self.hold(slot, handle.generation()) {
+        if let Err(e) = self.hold(handle.index(), slot, handle.generation()) {
             self.tokens_free.free_one(t);
             return Err(e);
         }

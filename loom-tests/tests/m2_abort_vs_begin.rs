@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{assert_at_rest, check, exactly_one, reuse, Arena, A, EXHAUSTIVE};
+use common::{assert_at_rest, check, drain_and_reuse, exactly_one, reuse, Arena, A, EXHAUSTIVE};
 use kvfence::{Error, Phase, Reason};
 use loom::thread;
 
@@ -56,6 +56,8 @@ fn m2_abort_vs_begin_transfer() {
             reuse(&table, &arena, &mut releases);
         }
         releases.extend(intent.join().unwrap());
+        // A refused begin whose transient unit was the last hold queued it (issue 42).
+        drain_and_reuse(&table, &arena, h, &mut releases);
         let r = exactly_one(&releases, h);
         assert_eq!((&r.pages, r.reason), (&a.pages, Reason::Aborted));
         // Whatever happened, a late intent for A is refused now.

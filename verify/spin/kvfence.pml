@@ -55,8 +55,16 @@
  *   QUARANTINE_FREES      a quarantined release returns its pages                   (a)
  *   SKIP_ACK_GEN_CHECK    quiesce trusts the room word's generation                 (a)
  *   RACY_POP              the queue pops with load + store, not fetch_and           (b)
- *   CLOSE_IN_GAP          close accepts a closing room at 0 holds                   (b)
+ *   STORE_RELEASE         the pre-issue-42 release: the last drop's fetch_sub decides
+ *                         and a plain store of FREE follows (a refused begin's
+ *                         transient unit is erased under it)                       (b)
+ *   PUBLISH_STORE         publish stores the word instead of adding OWNED to it (a
+ *                         stale begin's transient unit in a FREE word is erased)   (b)
  *   RELOAD_DROP           drop_hold decides from a fresh load, not the fetch_sub   (b)
+ * And one variant that must pass since issue 42 (see verify/spin/README.md):
+ *   CLOSE_IN_GAP          close accepts a closing room at 0 holds: with the release a
+ *                         CAS from "closing, no hold", that close is one more CAS
+ *                         competing for the same release, and exactly one wins
  *   NO_OPEN_RECHECK       open does not re-read the fenced ranks after publishing   (d)
  *   QUAR_MARK_FIRST       the pre-fix quarantine: a separate mark stored before its
  *                         close, read by the releaser after the deciding RMW        (e)
@@ -111,6 +119,7 @@
 #define REL     8   /* Step::Released: this call won the release */
 #define REFUSED 9   /* open refused, begin refused */
 #define DROPNOW 10  /* a failed transfer whose peer is fenced / room quarantined */
+#define TRY     11  /* a fetch_sub took a closing room to no hold: try the release CAS */
 
 /* transfer outcomes */
 #define O_COMPLETE 0
@@ -331,6 +340,22 @@ inline release_to(i, g, cph, toq) {
     }
 }
 
+/* RoomWord::release_if_last's CAS (issue 42): after a fetch_sub took a closing room of
+   generation og to no hold, the release is a CAS from exactly "closing, og, no hold" to
+   FREE, og + 1; the reason is read from the value it replaces. It gives up (res = HELD)
+   if a refused begin's transient unit came in (that unit's back_out tries again) or the
+   release was done (by that back_out). One step (a strong CAS on the current value). */
+inline try_release(i, og) {
+    d_step {
+        if
+        :: (wgen[i] == og && CLOSING(i) && holds[i] == 0) ->
+           cph = CPH(i); ph[i] = FREE; qbit[i] = 0; wgen[i] = og + 1; res = REL;
+           decide_release(LC(i, og))
+        :: else -> res = HELD
+        fi
+    }
+}
+
 /* RoomWord::drop_hold(g) for a hold the caller owns, then the release if it decided one.
    x: 0 a mask word's hold, 1 a completed transfer's, 2 a failed transfer's. */
 inline drop_hold(i, g, x, toq) {
@@ -367,8 +392,8 @@ inline drop_hold(i, g, x, toq) {
     :: res == REL -> d_step { ph[i] = FREE; qbit[i] = 0; holds[i] = 0; wgen[i] = g + 1 }
     :: else
     fi;
-#else
-    /* one fetch_sub: the value it returns decides */
+#elif defined(STORE_RELEASE)
+    /* MUTATION: the pre-issue-42 release: the value the fetch_sub returns decides */
     d_step {
         assert(wgen[i] == g && holds[i] > 0 && ph[i] != FREE);   /* its debug_assert */
         holds[i]--;
@@ -380,13 +405,22 @@ inline drop_hold(i, g, x, toq) {
     };
     if
     :: res == REL ->
-       /* the plain store of FREE, gen + 1: the word must still be frozen */
-       d_step {
-           assert(holds[i] == 0 && wgen[i] == g && CLOSING(i));
-           ph[i] = FREE; qbit[i] = 0; wgen[i] = g + 1
-       }
+       /* the plain store of FREE, gen + 1 (of `released()`: no holds) */
+       d_step { ph[i] = FREE; qbit[i] = 0; holds[i] = 0; wgen[i] = g + 1 }
     :: else
     fi;
+#else
+    /* one fetch_sub; if it took a closing room to no hold, the release CAS */
+    d_step {
+        assert(wgen[i] == g && holds[i] > 0 && ph[i] != FREE);   /* its debug_assert */
+        holds[i]--;
+        if :: x == 1 -> xst = 0; xhold = 0 :: x == 2 -> xhold = 0 :: else fi;
+        if
+        :: (holds[i] == 0 && CLOSING(i)) -> res = TRY
+        :: else -> res = HELD
+        fi
+    };
+    if :: res == TRY -> try_release(i, g) :: else fi;
 #endif
     if
     :: res == REL -> release_to(i, g, cph, toq)
@@ -553,7 +587,8 @@ proctype Opener() {
            if
            :: res == OK ->
                   lc = LC(i, wgen[i]);
-                  assert(wgen[i] < NG && ph[i] == FREE && holds[i] == 0 && plist[i] == 0);
+                  /* holds: only transient units of refused begins (issue 42) */
+                  assert(wgen[i] < NG && ph[i] == FREE && plist[i] == 0);
                   taken = 0; p = 0; k = 0;
                   do
                   :: (p < NP && k < n) ->
@@ -572,7 +607,13 @@ proctype Opener() {
                      :: else -> break
                      od;
                      g = wgen[i]; mgen[i] = g; morig[i] = w; mpend[i] = w;
-                     ph[i] = OWNED; holds[i] = (w != 0 -> 1 : 0);
+#ifdef PUBLISH_STORE
+                     ph[i] = OWNED; holds[i] = (w != 0 -> 1 : 0);   /* MUTATION: a store */
+#else
+                     /* RoomWord::publish: a fetch_add of OWNED and the writer hold: a
+                        transient unit of a stale begin in the FREE word stays */
+                     ph[i] = OWNED; holds[i] = holds[i] + (w != 0 -> 1 : 0);
+#endif
                      lc_pages[lc] = plist[i];
 #ifdef LIVENESS
                      wdone[i] = 0;
@@ -832,7 +873,7 @@ proctype Rank(byte r) {
    After a failure its bytes may still land (late writes) while its transport is up. */
 proctype Xfer() {
     LOCALS;
-    byte n, oc, xq;
+    byte n, oc, xq, og;
     bit pr;
     do
     :: atomic {   /* an intent is queued with the room's latest handle (may go stale) */
@@ -852,22 +893,57 @@ proctype Xfer() {
 #endif
            fi
        };
-       /* begin = RoomWord::begin (one CAS). With peer rank 0 the bytes go over rank 0's
-          transport as it is now. The integrator does not post over a rank's new transport
-          before readmit_rank returned (XFER_BEFORE_READMIT drops that rule). */
+       /* begin = RoomWord::begin_transfer: one fetch_add of a transfer unit, then the
+          checks on the value it returned (issue 42; under NAIVE_RELEASE the Rust code keeps
+          the checked CAS, and so does this model). With peer rank 0 the bytes go over rank
+          0's transport as it is now. The integrator does not post over a rank's new
+          transport before readmit_rank returned (XFER_BEFORE_READMIT drops that rule). */
        atomic {
 #ifndef XFER_BEFORE_READMIT
            (pr == 0 || inc[0] == 0 || readm) ->
 #endif
+#ifndef NAIVE_RELEASE
+           holds[i]++;   /* the unit goes in whatever the word says */
+#endif
            if
            :: (ph[i] == OWNED && wgen[i] == g) ->
-              holds[i]++; res = OK;
+#ifdef NAIVE_RELEASE
+              holds[i]++;
+#endif
+              res = OK;
               xst = 1; xlc = LC(i, g); xpeer = pr; xinc = inc[0]; xhold = 1;
               printf("begin_transfer on room %d gen %d, peer %d (incarnation %d)\n", i, g, pr, inc[0])
            :: else -> res = REFUSED;
-              printf("begin_transfer on room %d gen %d refused\n", i, g)
+              printf("begin_transfer on room %d gen %d refused (word: phase %d gen %d)\n", i, g, ph[i], wgen[i])
            fi
        };
+#ifndef NAIVE_RELEASE
+       if
+       :: res == REFUSED ->
+          /* RoomWord::back_out: one fetch_sub takes the transient unit back; if that took
+             a closing room (of whatever generation it is in now) to no hold, the release
+             CAS; a release it performs is queued (RoomTable::refused) */
+          d_step {
+              assert(holds[i] > 0);   /* the unit is still there: nothing erased it */
+              holds[i]--; og = wgen[i];
+              if :: (holds[i] == 0 && CLOSING(i)) -> res = TRY :: else fi
+          };
+          if
+          :: res == TRY ->
+             try_release(i, og);
+             if
+             :: res == REL ->
+                printf("refused begin's take-back released lifecycle %d\n", LC(i, og));
+                release_to(i, og, cph, 1)
+             :: else
+             fi;
+             cph = 0
+          :: else
+          fi;
+          res = REFUSED; og = 0
+       :: else
+       fi;
+#endif
        if
        :: res == OK ->
           do

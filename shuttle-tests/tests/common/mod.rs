@@ -425,11 +425,12 @@ pub fn reuse(table: &RoomTable, pages: &Pages, released: Released, log: &Log) {
     pages.own(&b.pages, l);
     pages.write(&b.pages, l, "the new owner");
     pages.expect(&b.pages, l);
-    let r = table
-        .finish(b.handle)
-        .unwrap()
-        .expect("finish releases B (nothing holds it)");
-    log.lock().unwrap().push(r);
+    // Nothing of B's holds it, but a stale `begin_transfer` may have its transient unit in
+    // B's word (a reused room index): then that call's take-back releases B, into the
+    // queue (issue 42), and the test's final drain logs it.
+    if let Some(r) = table.finish(b.handle).unwrap() {
+        log.lock().unwrap().push(r);
+    }
 }
 
 /// Asserts `log` holds exactly one release of lifecycle `h`; returns it.
