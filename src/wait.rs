@@ -38,7 +38,8 @@
 //! With direct delivery (`release_queue(false)`) nearly every release is delivered by the
 //! call that decides it, so a finished wait means the pages are back; the exceptions are
 //! the releases that have no caller to return to (a guard dropped while unwinding, a
-//! `grow` whose hold was the last), which go to the queue in every mode.
+//! `grow` whose hold was the last, a refused transfer begin whose transient unit was the
+//! last), which go to the queue in every mode.
 //!
 //! `wait_idle` waits room by room: it finds a busy room, parks on it until it is idle,
 //! and starts over until one pass finds every room idle.
