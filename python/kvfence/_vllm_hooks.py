@@ -17,12 +17,12 @@ before the adapter imports vLLM's classes.
 from __future__ import annotations
 
 import sys
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
-if __package__:
+if TYPE_CHECKING or __package__:
     from kvfence import _hook_digest
 else:  # run as a script (``python python/kvfence/<this file> SITE``): kvfence not installed
-    import _hook_digest  # type: ignore[no-redef]
+    import _hook_digest
 
 _NIXL = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
 
