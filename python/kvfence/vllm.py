@@ -282,6 +282,11 @@ class _Owed:
     next_at: float = 0.0  # no new handshake before this time (backoff)
 
 
+#: How long an idle engine keeps stepping after its latest quarantine pin, while pins
+#: remain, so that a late completion unpins the blocks without waiting for a request.
+#: Bounded: a READ that never ends would keep an idle engine stepping for ever.
+_PINNED_AWAKE_S = 600.0
+
 #: Handshakes a pull decode tries before it gives up telling a prefill (the backoff
 #: doubles from 1 s to 60 s: about 5 minutes). A prefill that stays unreachable that
 #: long is down or replaced; its blocks end with it, or in its own quarantine.
@@ -1515,6 +1520,7 @@ class _KvfenceConnectorMixin:
         pool.touch(blocks)
         self._kvf_pins.setdefault(req_id, []).append(blocks)
         self._kvf_acks.append(req_id)
+        self._kvf_awake_until = time.monotonic() + _PINNED_AWAKE_S
 
     def _kvf_unpin(self, req_id: str) -> None:
         pins = self._kvf_pins.get(req_id)
@@ -1528,13 +1534,22 @@ class _KvfenceConnectorMixin:
     #: notification (``owed`` minus ``owed_settled`` events). Made per instance on first
     #: use; this class-level one is never mutated.
     _kvf_owing: Dict[str, int] = {}
+    _kvf_pins: Dict[str, List[List[Any]]] = {}  # (class-level: never mutated)
+    _kvf_awake_until = 0.0  # monotonic time: stay awake for pinned blocks until then
 
     def has_pending_push_work(self) -> bool:
-        """vLLM's: keep the engine stepping. Also while a worker owes a prefill a
-        completion notification: a decode sends it from its engine step (vLLM's step
-        thread), and an idle engine does not step, so the prefill would keep those blocks
-        until the decode's next request (vLLM's own use: push WRITEs still in flight)."""
-        return bool(self._kvf_owing) or bool(super().has_pending_push_work())  # type: ignore[misc]
+        """vLLM's: keep the engine stepping (vLLM's own use: push WRITEs still in
+        flight), an idle one included. Also while a worker owes a prefill a completion
+        notification (a decode sends it from its engine step, and vLLM does not step an
+        idle engine: the prefill would keep those blocks until the decode's next
+        request), and for ``_PINNED_AWAKE_S`` after the latest quarantine pin while pins
+        remain (the late completion that unpins them is read in an engine step: an idle
+        prefill would keep them until its next request)."""
+        if self._kvf_owing:
+            return True
+        if self._kvf_pins and time.monotonic() < self._kvf_awake_until:
+            return True
+        return bool(super().has_pending_push_work())  # type: ignore[misc]
 
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         """Scheduler process: pins and unpins quarantined blocks from the workers' events

@@ -681,6 +681,10 @@ def test_quarantined_blocks_are_pinned_not_the_request(
     rid, blocks, idle = _quarantined_prefill(pd)
     pd.steps(3)
     assert pd.frees(rid) == 1 and rid not in pd.sched.requests, "the quarantined request lives on"
+    # Idle, the prefill must keep stepping: the late completion that unpins is read in a
+    # step (found on the real pair: the pins outlived the late READ's notification).
+    assert not pd.sched.get_num_unfinished_requests()
+    assert pd.sched.has_requests(), "an idle prefill with pinned blocks would stop stepping"
     pool = _pool(pd)
     assert pool.get_num_free_blocks() == idle - len(blocks), "quarantined blocks went back"
     for b in blocks:
@@ -696,6 +700,7 @@ def test_quarantined_blocks_are_pinned_not_the_request(
     pd.worker.nixl_wrapper.get_new_notifs = lambda: notifs.pop() if notifs else {}
     pd.steps(3)
     assert all(pool.blocks[b].ref_cnt == 0 for b in blocks), "the late completion left a pin"
+    assert not pd.sched.connector.has_pending_push_work(), "awake with nothing pinned"
 
 
 # ------------------------------------------------------------- the blast radius of a -1
