@@ -1161,10 +1161,10 @@ class KvfencePullWorker(_KvfenceWorkerMixin, NixlPullConnectorWorker):
             self._kvf_event("owed", engine)
         return owed
 
-    def _kvf_settle(self, engine: str) -> _Owed:
+    def _kvf_settle(self, engine: str) -> None:
         """Removes the engine's entry (paid or given up) and tells the scheduler."""
+        del self._kvf_owed[engine]
         self._kvf_event("owed_settled", engine)
-        return self._kvf_owed.pop(engine)
 
     def _kvf_unread(self, req_id: str) -> None:
         """Step thread (vLLM fails a receive without a handle only there: a failed
