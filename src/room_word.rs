@@ -682,6 +682,20 @@ mod tests {
         );
     }
 
+    /// The checked drop refuses a hold the room does not carry (a room in its lifecycle,
+    /// not only a stale generation): without the count check it would underflow the word.
+    #[test]
+    fn a_hold_the_room_does_not_carry_cannot_be_dropped() {
+        let w = RoomWord::new();
+        w.publish(0, 0);
+        assert_eq!(w.drop_hold_checked(0, Hold::Transfer), Err(Refusal::Stale));
+        assert_eq!(w.drop_hold_checked(0, Hold::Writers), Err(Refusal::Stale));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Owned, 0, 0, 0));
+        w.begin_transfer(0).unwrap();
+        assert_eq!(w.drop_hold_checked(0, Hold::Transfer), Ok(Step::Held));
+        assert_eq!(w.load(Ordering::Relaxed), State::new(Phase::Owned, 0, 0, 0));
+    }
+
     /// The stamp hold alone keeps a room: its drop may be the release.
     #[test]
     fn the_stamp_hold_can_be_the_last() {

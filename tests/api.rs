@@ -1561,6 +1561,20 @@ fn a_failure_after_the_peer_was_fenced_releases_at_once() {
     assert!(t.end(tok, Outcome::Failed).unwrap().is_some());
 }
 
+/// Quarantining a room whose close is already decided to be its release (nothing holds
+/// it) returns that release to the caller: with the pages counted quarantined, not lost.
+#[test]
+fn quarantine_that_performs_the_release_returns_it() {
+    let t = gate(2);
+    let h = t.open_gate(&[], 7, vec![3, 4]).unwrap();
+    let r = t
+        .quarantine(h)
+        .unwrap()
+        .expect("nothing holds the room: this call releases it");
+    assert_eq!((r.token, r.reason), (7, Reason::Quarantined));
+    assert_eq!(t.stats().quarantined_pages, 2);
+}
+
 /// A failed transfer with no known peer cannot be ended by any fence: only by quarantine.
 #[test]
 fn a_failed_transfer_without_a_peer_is_ended_only_by_quarantine() {

@@ -108,6 +108,13 @@ fn m6_fence_vs_open() {
             fenced.released.is_empty(),
             "an OWNED room cannot be released by a fence"
         );
+        // Nor queued: a rolled-back room's release is silent, even when the fence's clear
+        // of its last writer is the RMW that performs it (cargo-mutants found no test
+        // that told `Quiesced::Recorded` from `Queued` there).
+        assert_eq!(
+            fenced.queued, 0,
+            "a fence reported a release it did not queue"
+        );
         match opened {
             // Refused, before claiming or after a rollback (the scan may have quiesced the
             // rolled-back room first): nothing may leak either way.
