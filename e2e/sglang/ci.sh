@@ -39,6 +39,33 @@ venv=$("$here/setup.sh" --print)
 
 "$here/run" --runs "${E2E_SGLANG_RUNS:-1}" --json > "$out/e2e.json" 2> "$out/e2e.err"
 e2e_rc=$?
+# A stock racing scenario that did not corrupt gets up to 2 more runs (stock only): the
+# timed ones (large_write: a 256 MiB write against a 10 ms deadline, no forced delay) do
+# not race every time; its runs are added to the row, so the check below still asks for
+# corruption in at least one of them (seen once, 2026-12-05: 0 of 1 in a clean-clone run).
+for name in $("$venv/bin/python" -c 'import json,sys
+try: d = json.load(open(sys.argv[1]))
+except Exception: sys.exit(0)
+print(" ".join(r["scenario"] for r in d["results"] if r["rule"] == "stock" and r["racing"] and r["corrupted_runs"] == 0))' "$out/e2e.json"); do
+    "$here/run" --runs 2 --rules stock --scenarios "$name" --json > "$out/retry-$name.json" 2>> "$out/e2e.err"
+    "$venv/bin/python" - "$out/e2e.json" "$out/retry-$name.json" "$name" <<'PY'
+import json, sys
+path, retry, name = sys.argv[1:4]
+d = json.load(open(path))
+try:
+    extra = [r for r in json.load(open(retry))["results"] if r["scenario"] == name and r["rule"] == "stock"]
+except Exception:
+    extra = []
+for r in d["results"]:
+    if r["scenario"] == name and r["rule"] == "stock":
+        for e in extra:
+            r["runs"] += e["runs"]
+            r["corrupted_runs"] += e["corrupted_runs"]
+        print("e2e/sglang: stock %s did not race in its first run; retried: %d of %d runs corrupted"
+              % (name, r["corrupted_runs"], r["runs"]))
+json.dump(d, open(path, "w"), indent=1)
+PY
+done
 "$venv/bin/python" "$here/unit/run.py" --python "$venv/bin/python" > "$out/unit.txt" 2>&1
 unit_rc=$?
 # kvfence.sglang's own tests, in the SGLang environment (install/uninstall on the real SGLang);
