@@ -178,6 +178,12 @@ def main() -> int:
                     help="keep the pair not measured running (default: paused, see above)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+
+    def hold(pair: Pair, paused: bool) -> None:
+        """``pause`` unless ``--no-pause``."""
+        if not a.no_pause:
+            pause(pair, paused)
+
     # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
     # every server; without it the servers' engine processes outlive the harness.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -196,39 +202,34 @@ def main() -> int:
         for p in pairs.values():  # warm-up requests (the handshake, first-request compilation)
             for k in range(2):
                 p.generate(data["prompts"][k], data["max_tokens"])
-            if not a.no_pause:
-                pause(p, True)
+            hold(p, True)
         for rnd in range(a.rounds):
             arrivals = schedule(rnd, a.round_s, a.rate, len(data["prompts"]), a.stall_every,
                                 a.cancel)
             order = RULES if rnd % 2 == 0 else RULES[::-1]
             for rule in order:
+                hold(pairs[rule], False)
                 if not a.no_pause:
-                    pause(pairs[rule], False)
                     time.sleep(2)  # heartbeats and timers catch up before the load starts
                 load0 = os.getloadavg()[0]
                 row = run_round(pairs[rule], data, arrivals, a.round_s)
                 row.update(rule=rule, round=rnd, load_before=load0, load=os.getloadavg()[0],
                            quiesce_s=round(quiesce(pairs[rule]), 1))
-                if not a.no_pause:
-                    pause(pairs[rule], True)
+                hold(pairs[rule], True)
                 rows[rule].append(row)
                 print(json.dumps(row), flush=True)
         idle = {}
         for rule, p in pairs.items():
-            if not a.no_pause:
-                pause(p, False)
+            hold(p, False)
             idle[rule] = {"prefill": serve.idle_usage(p.prefill),
                           "decode": serve.idle_usage(p.decode)}
-            if not a.no_pause:
-                pause(p, True)
+            hold(p, True)
     finally:
         for p in pairs.values():
-            if not a.no_pause:
-                try:
-                    pause(p, False)  # a stopped process ignores SIGTERM until continued
-                except ProcessLookupError:
-                    pass
+            try:
+                hold(p, False)  # a stopped process ignores SIGTERM until continued
+            except ProcessLookupError:
+                pass
             p.stop()
 
     def med(rule: str, key: str) -> float:
