@@ -16,6 +16,7 @@
 #      kvfence_quarantine_frees_pages   (quarantine frees the pages)  -> model 12
 #      kvfence_moving_fenced_set        (readmit moves an entry)      -> model 13
 #      kvfence_quarantine_mark_first    (mark, then close)            -> model 14
+#      kvfence_racy_summary_take        (pool summary: load + store)  -> model 16
 # 3. Informational only (never changes the exit status):
 #      kvfence_unserialized_readmit -> m6_fence_vs_readmit_then_open is expected NOT to
 #        catch it (loom's one-last-access blind spot; tests/scanner_races.rs catches it).
@@ -178,6 +179,8 @@ expect_caught kvfence_moving_fenced_set required \
     m13_fenced_set_read:m13_fail_vs_readmit_and_fence_of_other_ranks
 expect_caught kvfence_quarantine_mark_first required \
     m14_quarantine_vs_completion:m14_quarantine_vs_last_completion
+expect_caught kvfence_racy_summary_take required \
+    m16_pool_summary:m16_pool_summary_2_threads
 
 # --- 3. informational -------------------------------------------------------------------
 # Loom's blind spot: the readmit-vs-running-fence race is not reachable in loom's model of

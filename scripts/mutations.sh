@@ -4,7 +4,7 @@
 #   scripts/mutations.sh
 #
 # Each mutation is a test-only switch of the library that restores a broken rule; the named
-# test of tests/scanner_races.rs must FAIL with it on (exit 1 if it passes):
+# test of tests/scanner_races.rs (or the file named) must FAIL with it on (exit 1 if it passes):
 #   kvfence_unserialized_readmit  readmit_rank no longer waits for a running fence scan.
 #                                 Loom cannot see it (its model passes under the mutation:
 #                                 one "last access" per atomic hides the scan's load).
@@ -19,6 +19,10 @@
 #                                 release say Quarantined.
 #   kvfence_finish_drained_skips_writers  finish_drained finishes without quiescing the
 #                                 writers: a successful room waits for ACKs that never come.
+#   kvfence_racy_summary_take     (issue 42, item 2) a claim takes a word out of the page
+#                                 pool's summary with a load + store: two claimers hand out
+#                                 its pages twice (tests/api.rs pool_summary_stress; loom
+#                                 model 16 catches it deterministically).
 # (The mutations the loom models and the property test catch are checked by
 # loom-tests/run.sh and scripts/fuzz-smoke.sh --mutations.)
 #
@@ -33,12 +37,13 @@ flags="${RUSTFLAGS:-} --cfg kvfence_mutants"
 mkdir -p "$target"
 echo "== one build with every mutation: --cfg kvfence_mutants -> $target"
 if ! CARGO_TARGET_DIR="$target" RUSTFLAGS="$flags" \
-    cargo test --release --test scanner_races --no-run >/dev/null 2>"$target/build.log"; then
+    cargo test --release --test scanner_races --test api --no-run >/dev/null 2>"$target/build.log"; then
     tail -n 30 "$target/build.log"
     echo "FAIL: the mutants build failed: no mutation checked"
     exit 1
 fi
-# check <cfg> <test filter> <pattern of the failure>: the race is real-thread and
+# check <cfg> <test filter> <pattern of the failure> [<test target>, default scanner_races]:
+# the race is real-thread and
 # probabilistic, so a check that did not see it runs again, up to 6 attempts (a pass takes
 # seconds); caught means one attempt failed with the expected message. (3 attempts missed
 # kvfence_quarantine_mark_first once, 2026-12-05, with vLLM test runs loading the box
@@ -46,12 +51,12 @@ fi
 # racy_queue_pop, moving_fenced_set and quarantine_mark_first, are also caught
 # deterministically by loom models: loom-tests/run.sh.)
 check() {
-    local cfg="$1" filter="$2" pattern="$3" log rc attempt
+    local cfg="$1" filter="$2" pattern="$3" file="${4:-scanner_races}" log rc attempt
     log=$(mktemp)
-    echo "== mutation check: KVFENCE_MUTANT=$cfg must make tests/scanner_races.rs ($filter) fail"
+    echo "== mutation check: KVFENCE_MUTANT=$cfg must make tests/$file.rs ($filter) fail"
     for attempt in 1 2 3 4 5 6; do
         KVFENCE_MUTANT="$cfg" CARGO_TARGET_DIR="$target" RUSTFLAGS="$flags" \
-            cargo test --release --test scanner_races -- "$filter" >"$log" 2>&1
+            cargo test --release --test "$file" -- "$filter" >"$log" 2>&1
         rc=$?
         if grep -q "$pattern" "$log"; then
             grep -m1 "$pattern" "$log" | sed "s/^/   caught (attempt $attempt): /"
@@ -73,6 +78,7 @@ check kvfence_moving_fenced_set failed_transfer_to_a_rank_that_stayed_fenced \
 check kvfence_quarantine_mark_first quarantine_vs_last_completion \
     "refused (StaleHandle), yet"
 check kvfence_finish_drained_skips_writers finish_drained_vs_fence "released 0 times"
+check kvfence_racy_summary_take pool_summary_stress "handed out twice" api
 
 [ "$status" -eq 0 ] && echo "ok: every mutation is caught"
 exit "$status"

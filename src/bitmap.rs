@@ -7,20 +7,46 @@
 //! retry), freeing a `fetch_or` that sets them, so a whole batch of pages that share a word
 //! moves in one atomic operation either way.
 //!
+//! **Page pools have a second level** (issue 42: a flat bitmap pays one locked RMW per 64
+//! pages each way, a locked list two lock sections whatever the batch). Bit `w` of the
+//! *summary* (one bit per word, 64 words per summary word) set means: word `w` is wholly
+//! free and held by the summary, and its own (leaf) word is 0. Every index is free exactly
+//! when its leaf bit or its word's summary bit is set, never both. Who moves a word
+//! between the levels:
+//!
+//! * a claim that wants 64 or more at word `w` first takes the run of consecutive summary
+//!   bits from `w` (up to what it still wants) with one CAS: up to 64 words, 4,096 pages;
+//! * a claim that wants fewer at a word whose leaf is 0 takes the word's summary bit (a
+//!   `fetch_and`, so of two claimers one wins) and gives the bits it does not keep to the
+//!   leaf (`fetch_or`): the word moves down;
+//! * a free of a whole word (64 ascending indices from a word edge: what a whole-word claim
+//!   returns) sets its summary bit, one `fetch_or` per summary word for every whole word of
+//!   the list: the word moves up. The freer held all 64 indices, so nobody else can have
+//!   set a leaf bit of that word. Partial frees go to the leaf; a leaf filled by partial
+//!   frees stays there (a whole-word claim `swap`s it, and its free moves it up).
+//!
+//! While a word moves down its indices are in neither level for a moment (the claimer owns
+//! them all): a concurrent claim may miss them and be refused, as below; none is lost.
+//! Room and token bitmaps have no summary (single claims and frees: one RMW already).
+//!
 //! There is no shared cursor. Each thread starts its scan at its own hint (seeded from
 //! [`thread_seed`](crate::sync::thread_seed), then advanced past what it last claimed), so
 //! threads claiming at the same time work in different words, and consecutive lifecycles
 //! of one thread walk through the table instead of hammering its lowest free index (which
-//! also spreads generation reuse over all rooms, see `handle.rs`).
+//! also spreads generation reuse over all rooms, see `handle.rs`). The summary does not
+//! change which indices a claim takes: words are still visited in scan order and each
+//! gives its lowest free indices (the unit tests check this against a one-level model).
 //!
 //! A batch claim is all-or-nothing: it scans the whole bitmap once, and if it could not
 //! gather `n` bits it puts back what it took. Under contention this can refuse a claim
 //! that a moment later would fit (two claimers each holding part of the last free pages);
 //! it never over-claims and never loses a bit.
 //!
-//! Orderings: a claim's successful CAS is `Acquire` and a free is `Release`, so whatever
-//! the previous owner did before freeing (the releaser's reads of a room's page list) is
-//! visible to the next claimer.
+//! Orderings: a claim's successful RMW (leaf or summary) is `Acquire` and a free is
+//! `Release`, so whatever the previous owner did before freeing (the releaser's reads of a
+//! room's page list) is visible to the next claimer. A word moved down is handed on by the
+//! claimer's `Release` `fetch_or` into the leaf, after its own `Acquire` take of the
+//! summary bit: the chain of ownership stays ordered.
 
 use crate::error::Error;
 use crate::sync::{thread_local, AtomicU64, Ordering};
@@ -73,6 +99,9 @@ fn first_hint(len: usize) -> usize {
 pub(crate) struct Bitmap {
     /// Word `w` is `words[w * stride]`; the words in between are padding.
     words: Box<[AtomicU64]>,
+    /// Page pools only (empty otherwise): bit `w % 64` of `summary[w / 64]` set = word `w`
+    /// is wholly free and its leaf word is 0 (see the module notes).
+    summary: Box<[AtomicU64]>,
     stride: usize,
     len: usize,
     kind: Kind,
@@ -92,10 +121,15 @@ impl Bitmap {
             _ => 1,
         };
         let nwords = len.div_ceil(64);
+        // A page pool starts with every whole word in the summary (so the first batches are
+        // claimed 64 words per RMW); a partial last word, and every word of the other kinds,
+        // in its leaf.
+        let two_level = matches!(kind, Kind::Pages);
+        let whole_words = if two_level { len / 64 } else { 0 };
         let words = crate::error::try_boxed(nwords * stride, |i| {
             let w = i / stride;
             let live = (len - w * 64).min(64);
-            let bits = if i % stride != 0 {
+            let bits = if i % stride != 0 || w < whole_words {
                 0
             } else if live == 64 {
                 u64::MAX
@@ -104,8 +138,18 @@ impl Bitmap {
             };
             AtomicU64::new(bits)
         })?;
+        let summary_words = if two_level { nwords.div_ceil(64) } else { 0 };
+        let summary = crate::error::try_boxed(summary_words, |s| {
+            let live = whole_words.saturating_sub(s * 64).min(64);
+            AtomicU64::new(if live == 64 {
+                u64::MAX
+            } else {
+                (1u64 << live) - 1
+            })
+        })?;
         Ok(Bitmap {
             words,
+            summary,
             stride,
             len,
             kind,
@@ -168,6 +212,56 @@ impl Bitmap {
         })
     }
 
+    /// Takes word `w` out of the summary if it is there: then all 64 of its indices are the
+    /// caller's, who gives back what it does not keep with a `fetch_or` on the leaf.
+    #[inline]
+    fn take_whole(&self, w: usize) -> bool {
+        let Some(summary) = self.summary.get(w / 64) else {
+            return false; // no summary (rooms, tokens)
+        };
+        let bit = 1u64 << (w % 64);
+        if mutant!(kvfence_racy_summary_take) {
+            // MUTATION (test-only): take the bit with a load and a store instead of one RMW:
+            // two claimers can both move the word down and hand out its pages twice.
+            let cur = summary.load(Ordering::Relaxed);
+            summary.store(cur & !bit, Ordering::Relaxed);
+            return cur & bit != 0;
+        }
+        // The load keeps claimers that find the word already moved down off the line's
+        // exclusive state; the `fetch_and` decides between two that both saw the bit.
+        summary.load(Ordering::Relaxed) & bit != 0
+            && summary.fetch_and(!bit, Ordering::Acquire) & bit != 0
+    }
+
+    /// Takes up to `max` consecutive words from `w` on out of the summary with one CAS (only
+    /// words of `w`'s summary word); returns how many (0: word `w` is not in the summary).
+    #[inline]
+    fn take_run(&self, w: usize, max: usize) -> usize {
+        let Some(summary) = self.summary.get(w / 64) else {
+            return 0;
+        };
+        let shift = w % 64;
+        let mut cur = summary.load(Ordering::Relaxed);
+        loop {
+            // Set bits from `shift` up, consecutive; the top `shift` bits of `!(cur >> shift)`
+            // are ones, so this is at most `64 - shift`.
+            let run = ((!(cur >> shift)).trailing_zeros() as usize).min(max);
+            if run == 0 {
+                return 0;
+            }
+            let mask = (u64::MAX >> (64 - run)) << shift;
+            match summary.compare_exchange_weak(
+                cur,
+                cur & !mask,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return run,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// Claims one free index, or `None` if there is none.
     #[inline] // a local copy per crate, not a call through the GOT (see lib.rs)
     pub(crate) fn claim_one(&self) -> Option<usize> {
@@ -175,6 +269,16 @@ impl Bitmap {
         for w in self.scan_order(start) {
             let word = self.word(w);
             let mut cur = word.load(Ordering::Relaxed);
+            if cur == 0 && self.take_whole(w) {
+                // The whole word is ours: keep the bit the scan would pick (the hint's in the
+                // hint's word, else the lowest), give the other 63 to the leaf.
+                let bit = if w == start / 64 { start % 64 } else { 0 };
+                let prev = word.fetch_or(!(1u64 << bit), Ordering::Release);
+                debug_assert_eq!(prev, 0, "word {w} moved down with a non-zero leaf");
+                let index = w * 64 + bit;
+                self.set_hint(index + 1);
+                return Some(index);
+            }
             loop {
                 if cur == 0 {
                     break;
@@ -211,23 +315,53 @@ impl Bitmap {
     pub(crate) fn claim_many(&self, n: usize, out: &mut Vec<u32>) -> bool {
         let base = out.len();
         let mut need = n;
-        for w in self.scan_order(self.hint()) {
-            if need == 0 {
-                break;
-            }
+        let nwords = self.nwords();
+        let first = self.start_bit(self.hint()) / 64;
+        // Words in scan order: `first`, `first + 1`, ..., wrapping; `seen` counts them.
+        let mut seen = 0;
+        while seen < nwords && need != 0 {
+            let w = if first + seen < nwords {
+                first + seen
+            } else {
+                first + seen - nwords
+            };
             let word = self.word(w);
             if need >= 64 {
-                // Everything the word has is wanted: one swap takes it (no load, no retry),
-                // what a CAS of `lowest_bits(cur, need) == cur` would take (issue 42).
+                // Whole words still wanted. From the summary: the run from `w` on, in one
+                // CAS, never past the words this scan has yet to visit (`nwords - seen`).
+                let run = self.take_run(w, (need / 64).min(nwords - seen));
+                if run != 0 {
+                    let from = (w * 64) as u32;
+                    out.extend(from..from + 64 * run as u32);
+                    need -= 64 * run;
+                    seen += run;
+                    self.set_hint((w + run - 1) * 64);
+                    continue;
+                }
+                // Else everything the leaf has is wanted: one swap takes it (no load, no
+                // retry), what a CAS of `lowest_bits(cur, need) == cur` would take.
                 let take = word.swap(0, Ordering::Acquire);
                 if take != 0 {
                     push_bits(out, w, take);
                     need -= take.count_ones() as usize;
                     self.set_hint(w * 64);
                 }
+                seen += 1;
                 continue;
             }
+            seen += 1;
             let mut cur = word.load(Ordering::Relaxed);
+            if cur == 0 && self.take_whole(w) {
+                // Fewer than 64 wanted from a word in the summary: keep the lowest `need`,
+                // move the rest down to the leaf.
+                let take = u64::MAX >> (64 - need);
+                let prev = word.fetch_or(!take, Ordering::Release);
+                debug_assert_eq!(prev, 0, "word {w} moved down with a non-zero leaf");
+                push_bits(out, w, take);
+                need = 0;
+                self.set_hint(w * 64);
+                break;
+            }
             while cur != 0 && need != 0 {
                 let take = lowest_bits(cur, need);
                 match word.compare_exchange_weak(
@@ -262,8 +396,11 @@ impl Bitmap {
         debug_assert_eq!(prev & (1u64 << (index % 64)), 0, "double free of {index}");
     }
 
-    /// Frees indices, one `fetch_or` per run of indices that share a word.
+    /// Frees indices, one `fetch_or` per run of indices that share a word, and (page pools)
+    /// one per summary word for all the whole words of the list.
     pub(crate) fn free_all(&self, indices: &[u32]) {
+        // Whole words not yet given to the summary: (summary word, bits).
+        let mut up: Option<(usize, u64)> = None;
         let mut i = 0;
         while i < indices.len() {
             let w = indices[i] as usize / 64;
@@ -272,9 +409,22 @@ impl Bitmap {
             // last: a room's list can be several claims appended (`grow`), and
             // `[0..=31, 128..=158, 63]` starts and ends like word 0 without being it.
             if indices[i] % 64 == 0 && indices.len() - i >= 64 && is_run(&indices[i..i + 64]) {
-                let prev = self.word(w).fetch_or(u64::MAX, Ordering::Release);
-                debug_assert_eq!(prev, 0, "double free in word {w}");
                 i += 64;
+                if self.summary.is_empty() {
+                    let prev = self.word(w).fetch_or(u64::MAX, Ordering::Release);
+                    debug_assert_eq!(prev, 0, "double free in word {w}");
+                    continue;
+                }
+                let (s, bit) = (w / 64, 1u64 << (w % 64));
+                match up {
+                    Some((at, ref mut bits)) if at == s => *bits |= bit,
+                    _ => {
+                        if let Some((at, bits)) = up {
+                            self.free_whole(at, bits);
+                        }
+                        up = Some((s, bit));
+                    }
+                }
                 continue;
             }
             let mut bits = 0u64;
@@ -285,18 +435,44 @@ impl Bitmap {
             let prev = self.word(w).fetch_or(bits, Ordering::Release);
             debug_assert_eq!(prev & bits, 0, "double free in word {w}");
         }
+        if let Some((at, bits)) = up {
+            self.free_whole(at, bits);
+        }
+    }
+
+    /// Gives whole words back to summary word `at` (their leaves are 0: the freer held all
+    /// their indices).
+    #[inline]
+    fn free_whole(&self, at: usize, bits: u64) {
+        let prev = self.summary[at].fetch_or(bits, Ordering::Release);
+        debug_assert_eq!(
+            prev & bits,
+            0,
+            "double free of whole words {bits:#x} of {at}"
+        );
     }
 
     /// Whether `index` is free (a snapshot).
     pub(crate) fn is_free(&self, index: usize) -> bool {
-        self.word(index / 64).load(Ordering::Relaxed) & 1 << (index % 64) != 0
+        let w = index / 64;
+        self.word(w).load(Ordering::Relaxed) & 1 << (index % 64) != 0
+            || self
+                .summary
+                .get(w / 64)
+                .is_some_and(|s| s.load(Ordering::Relaxed) & 1 << (w % 64) != 0)
     }
 
     /// Number of free indices right now (exact when no claim or free is in progress).
     pub(crate) fn count_free(&self) -> usize {
-        (0..self.nwords())
+        let leaves: usize = (0..self.nwords())
             .map(|w| self.word(w).load(Ordering::Relaxed).count_ones() as usize)
-            .sum()
+            .sum();
+        let whole: usize = self
+            .summary
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed).count_ones() as usize)
+            .sum();
+        leaves + 64 * whole
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -441,11 +617,16 @@ mod tests {
                 .fold(0u64, |acc, (bit, _)| acc | 1 << bit);
             b.words[w * b.stride].store(bits, Ordering::Relaxed);
         }
+        // Everything in the leaves: the summary empty (tests that want words in the summary
+        // free them there, or start from `full`).
+        b.summary.iter().for_each(|s| s.store(0, Ordering::Relaxed));
         b
     }
 
-    /// Every set bit of every word, as an index (a bit at or past `len` is reported too);
-    /// also checks that padding words stay zero.
+    /// Every set bit of every word, as an index (a bit at or past `len` is reported too),
+    /// with the 64 indices of every word in the summary; also checks that padding words stay
+    /// zero, that a word in the summary has a zero leaf and is a whole word of the bitmap,
+    /// and that rooms and tokens have no summary.
     fn free_indices(b: &Bitmap) -> Vec<usize> {
         let mut free = Vec::new();
         for (i, word) in b.words.iter().enumerate() {
@@ -455,10 +636,36 @@ mod tests {
                 continue;
             }
             let w = i / b.stride;
+            let whole = b
+                .summary
+                .get(w / 64)
+                .is_some_and(|s| s.load(Ordering::Relaxed) >> (w % 64) & 1 == 1);
+            if whole {
+                assert_eq!(
+                    bits, 0,
+                    "word {w} is in the summary but its leaf is {bits:#x}"
+                );
+                assert!(w * 64 + 64 <= b.len, "partial word {w} in the summary");
+                free.extend(w * 64..w * 64 + 64);
+                continue;
+            }
             free.extend(
                 (0..64)
                     .filter(|bit| bits >> bit & 1 == 1)
                     .map(|bit| w * 64 + bit),
+            );
+        }
+        match b.kind {
+            Kind::Pages => assert_eq!(b.summary.len(), b.len.div_ceil(64).div_ceil(64)),
+            Kind::Rooms | Kind::Tokens => assert!(b.summary.is_empty(), "summary on {:?}", b.kind),
+        }
+        for (s, word) in b.summary.iter().enumerate() {
+            let bits = word.load(Ordering::Relaxed);
+            let past = (b.len / 64).saturating_sub(s * 64).min(64);
+            assert_eq!(
+                if past == 64 { 0 } else { bits >> past },
+                0,
+                "summary word {s}: a bit past the whole words"
             );
         }
         free

@@ -25,7 +25,7 @@
 use std::sync::OnceLock;
 
 /// Every mutation a `--cfg kvfence_mutants` build holds (the cfg names of `Cargo.toml`).
-pub(crate) const NAMES: [&str; 9] = [
+pub(crate) const NAMES: [&str; 10] = [
     "kvfence_naive_release",
     "kvfence_skip_ack_gen_check",
     "kvfence_unserialized_readmit",
@@ -35,6 +35,7 @@ pub(crate) const NAMES: [&str; 9] = [
     "kvfence_moving_fenced_set",
     "kvfence_quarantine_mark_first",
     "kvfence_finish_drained_skips_writers",
+    "kvfence_racy_summary_take",
 ];
 
 /// Whether `name` is the mutation chosen by `KVFENCE_MUTANT`.
