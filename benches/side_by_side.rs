@@ -109,8 +109,17 @@ fn main() {
         false,
     );
 
+    // `SIDE_BY_SIDE_ROOMS` (diagnostic): a pool-mode table of that many rooms instead of
+    // the benches' 4096 (each lifecycle claims the next room, so 4096 rooms walk 2 MiB of
+    // room slots).
+    let rooms: Option<usize> = std::env::var("SIDE_BY_SIDE_ROOMS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     for pages in OPEN_PAGES {
-        let kv = table();
+        let kv = match rooms {
+            Some(r) => RoomTable::new(kvfence::Config::pool(r, PAGES)).expect("valid config"),
+            None => table(),
+        };
         let base = Baseline::new(PAGES);
         let nobody = <RoomTable as Tracker>::writers(0);
         let (mut kv_ids, mut base_ids) = (<RoomTable as Tracker>::ids(0), Baseline::ids(0));
