@@ -20,8 +20,8 @@
 
 mod common;
 
-use common::{assert_at_rest, check, own_and_check, Arena, EXHAUSTIVE};
-use kvfence::{Error, Reason, RoomTable};
+use common::{assert_at_rest, check, open_own_finish, own_and_check, Arena, EXHAUSTIVE};
+use kvfence::RoomTable;
 use loom::thread;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -59,33 +59,13 @@ impl Owners {
 
 /// One request's lifecycle: open `n` pages, own them, finish. Returns whether it opened.
 fn lifecycle(table: &RoomTable, arena: &Arena, owners: &Owners, n: usize, req: u64) -> bool {
-    match table.open(&[], n) {
-        Ok(room) => {
-            let mut sorted = room.pages.clone();
-            sorted.sort_unstable();
-            sorted.dedup();
-            assert_eq!(sorted.len(), n, "duplicate page in one room");
-            assert!(sorted.iter().all(|&p| (p as usize) < PAGES));
-            owners.take(&room.pages, req);
-            let cells: Vec<u32> = room.pages.iter().copied().filter(|&p| sampled(p)).collect();
-            own_and_check(arena, &cells, req);
-            owners.give_back(&room.pages, req);
-            let r = table
-                .finish(room.handle)
-                .unwrap()
-                .expect("nothing holds it: finish releases");
-            assert_eq!(
-                (r.handle, &r.pages, r.reason),
-                (room.handle, &room.pages, Reason::Finished)
-            );
-            true
-        }
-        Err(Error::PoolExhausted { requested }) => {
-            assert_eq!(requested, n);
-            false
-        }
-        Err(e) => panic!("open: {e:?}"),
-    }
+    open_own_finish(table, n, |pages| {
+        assert!(pages.iter().all(|&p| (p as usize) < PAGES));
+        owners.take(pages, req);
+        let cells: Vec<u32> = pages.iter().copied().filter(|&p| sampled(p)).collect();
+        own_and_check(arena, &cells, req);
+        owners.give_back(pages, req);
+    })
 }
 
 #[test]

@@ -11,41 +11,13 @@
 
 mod common;
 
-use common::{assert_at_rest, check, own_and_check, Arena, EXHAUSTIVE};
-use kvfence::{Error, Reason, RoomTable};
+use common::{assert_at_rest, check, open_own_finish, own_and_check, Arena, EXHAUSTIVE};
+use kvfence::RoomTable;
 use loom::thread;
 
 /// One request's lifecycle: open `n` pages, own them, finish. Returns whether it opened.
 fn lifecycle(table: &RoomTable, arena: &Arena, n: usize, req: u64) -> bool {
-    match table.open(&[], n) {
-        Ok(room) => {
-            let mut sorted = room.pages.clone();
-            sorted.sort_unstable();
-            sorted.dedup();
-            assert_eq!(
-                sorted.len(),
-                n,
-                "duplicate page in one room: {:?}",
-                room.pages
-            );
-            own_and_check(arena, &room.pages, req);
-            let r = table
-                .finish(room.handle)
-                .unwrap()
-                .expect("nothing holds it: finish releases");
-            assert_eq!(
-                (r.handle, &r.pages, r.reason),
-                (room.handle, &room.pages, Reason::Finished)
-            );
-            true
-        }
-        Err(Error::PoolExhausted { requested }) => {
-            assert_eq!(requested, n);
-            false
-        }
-        Err(Error::RoomTableFull) => false,
-        Err(e) => panic!("open: {e:?}"),
-    }
+    open_own_finish(table, n, |pages| own_and_check(arena, pages, req))
 }
 
 #[test]

@@ -206,6 +206,41 @@ pub fn own_and_check(arena: &Arena, pages: &[u32], req: ReqId) {
     arena.expect(pages, req);
 }
 
+/// Pool mode, one request with no writer ranks: open `n` pages (all distinct), hand them
+/// to `own`, finish (which releases at once, the same pages, reason `Finished`). Returns
+/// whether it opened; a refusal (pool or room table full) must name `n` and claim nothing.
+pub fn open_own_finish(table: &RoomTable, n: usize, own: impl FnOnce(&[u32])) -> bool {
+    match table.open(&[], n) {
+        Ok(room) => {
+            let mut sorted = room.pages.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(
+                sorted.len(),
+                n,
+                "duplicate page in one room: {:?}",
+                room.pages
+            );
+            own(&room.pages);
+            let r = table
+                .finish(room.handle)
+                .unwrap()
+                .expect("nothing holds it: finish releases");
+            assert_eq!(
+                (r.handle, &r.pages, r.reason),
+                (room.handle, &room.pages, Reason::Finished)
+            );
+            true
+        }
+        Err(kvfence::Error::PoolExhausted { requested }) => {
+            assert_eq!(requested, n);
+            false
+        }
+        Err(kvfence::Error::RoomTableFull) => false,
+        Err(e) => panic!("open: {e:?}"),
+    }
+}
+
 /// Asserts that `releases` holds exactly one release of lifecycle `handle`; returns it.
 pub fn exactly_one(releases: &[Released], handle: RoomHandle) -> Released {
     let of_it: Vec<_> = releases.iter().filter(|r| r.handle == handle).collect();
