@@ -29,6 +29,8 @@ RUN_START=$(date +%s)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# shellcheck source=../scripts/lanes.sh
+. scripts/lanes.sh
 BASE="${CARGO_TARGET_DIR:-target}"
 PKG=kvfence-loom
 SUITE_TIMEOUT="${LOOM_SUITE_TIMEOUT:-900}" # seconds, whole normal suite
@@ -65,8 +67,10 @@ if build loom "$FLAGS"; then
     log="$LOGDIR/suite.log"
     echo "== suite [$FLAGS]"
     start=$(date +%s)
-    CARGO_TARGET_DIR="$BASE/loom" RUSTFLAGS="$FLAGS" timeout "$SUITE_TIMEOUT" \
-        cargo test -p "$PKG" --release -- --nocapture --test-threads=1 >"$log" 2>&1
+    # Two lanes (scripts/lanes.sh): m7's two pool models (about 80% of the suite's time) on
+    # one core, every other model on the other.
+    CARGO_TARGET_DIR="$BASE/loom" RUSTFLAGS="$FLAGS" suite_lanes "$log" "$PKG" loom-tests/tests \
+        "m7_open_release_pool" "$SUITE_TIMEOUT" --nocapture --test-threads=1
     rc=$?
     secs=$(($(date +%s) - start))
     grep -o 'loom-model .*' "$log" | sed 's/^/   /'

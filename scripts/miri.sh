@@ -38,11 +38,31 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${KVFENCE_CACHE:-$HOME/.cache/kvfen
 # interpreter they take far longer than CI has). A time budget (MIRI_BUDGET seconds,
 # default 1200) ends a run that outgrows it with a NOTICE, not a failure; UB or a failed
 # test is a failure.
-if [ "$#" -eq 0 ]; then
-    set -- --lib --test engine --test no_alloc --test prop_ops
-fi
 status=0
-timeout "${MIRI_BUDGET:-1200}" cargo +nightly miri test -p kvfence "$@" || status=$?
+if [ "$#" -eq 0 ]; then
+    # The default set, on two lanes (Miri interprets on one core; CI has two): the unit
+    # tests and tests/engine.rs on one, tests/no_alloc.rs and tests/prop_ops.rs on the
+    # other (about 95 s and 120 s of interpretation each, 2-core box). Built first, so that
+    # the lanes only run; each lane's output is printed whole when both have ended.
+    cargo +nightly miri test -p kvfence --no-run --lib --test engine --test no_alloc --test prop_ops
+    logs=$(mktemp -d)
+    timeout "${MIRI_BUDGET:-1200}" cargo +nightly miri test -p kvfence --lib --test engine \
+        >"$logs/1" 2>&1 &
+    lane1=$!
+    timeout "${MIRI_BUDGET:-1200}" cargo +nightly miri test -p kvfence --test no_alloc --test prop_ops \
+        >"$logs/2" 2>&1 &
+    lane2=$!
+    echo "Miri: lane 1 (--lib, --test engine) and lane 2 (--test no_alloc, --test prop_ops) running"
+    for pid in $lane1 $lane2; do
+        rc=0
+        wait "$pid" || rc=$?
+        if [ "$rc" -eq 124 ]; then status=124; elif [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then status=$rc; fi
+    done
+    cat "$logs/1" "$logs/2"
+    rm -rf "$logs"
+else
+    timeout "${MIRI_BUDGET:-1200}" cargo +nightly miri test -p kvfence "$@" || status=$?
+fi
 if [ "$status" -eq 124 ]; then
     printf '\n*** NOTICE: Miri stopped at its %ss budget (no UB reported before) ***\n\n' \
         "${MIRI_BUDGET:-1200}"

