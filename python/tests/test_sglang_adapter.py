@@ -182,6 +182,63 @@ def test_teardown_counts_a_peer_connection_into_a_listener():
     assert teardown.inbound_sockets_from("127.0.0.1") == 0
 
 
+def _peer(port: int, listen: bool) -> "subprocess.Popen[bytes]":
+    """A child process that connects to ``port`` (and first, with ``listen``, listens on a
+    port of its own, as a prefill rank serves its ZMQ endpoint); it prints its own port
+    (0 without ``listen``), then waits."""
+    code = ("import socket,sys,time\n"
+            "l=socket.socket();l.bind(('127.0.0.1',0));l.listen()\n" if listen else
+            "import socket,sys,time\nl=None\n")
+    code += ("s=socket.create_connection(('127.0.0.1',%d))\n"
+             "sys.stdout.write('%%06d' %% (l.getsockname()[1] if l else 0));sys.stdout.flush()\n"
+             "time.sleep(60)\n" % port)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+
+
+def test_teardown_tells_a_live_instance_on_the_same_host_from_the_dead_one():
+    # Two "prefill instances" on this host connect to our listener (Mooncake's TCP
+    # listener on the decode): A also serves a rank endpoint; B is killed -9. A's socket
+    # must not hold B's proof back once A is known as a live instance; B's must, while
+    # it is open; nothing is excluded without `others`.
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    base = teardown.inbound_sockets_from("127.0.0.1")
+    a = _peer(port, listen=True)
+    acc_a, _ = srv.accept()
+    a_ep = ("127.0.0.1", int(a.stdout.read(6)))
+    b = _peer(port, listen=False)
+    acc_b, _ = srv.accept()
+    assert b.stdout.read(6) == b"000000"
+    b_ep = ("127.0.0.1", 1)  # B's endpoint: nothing listens there (refuses)
+    try:
+        assert teardown.inbound_sockets_from("127.0.0.1") == base + 2
+        # B alive: its socket counts, A's does not
+        assert teardown.inbound_sockets_from("127.0.0.1", [a_ep]) == base + 1
+        assert not teardown.mooncake_tcp_torn_down("127.0.0.1", [b_ep], [a_ep])
+        b.kill()
+        b.wait()
+        # B's end is closed by the kernel; ours stays (CLOSE_WAIT) until we close it, as
+        # Mooncake does on EOF: it still counts (bytes may be unread)
+        assert teardown.inbound_sockets_from("127.0.0.1", [a_ep]) == base + 1
+        acc_b.close()
+        assert teardown.inbound_sockets_from("127.0.0.1", [a_ep]) == base
+        if base == 0:
+            assert teardown.mooncake_tcp_torn_down("127.0.0.1", [b_ep], [a_ep])
+        # without A known as a live instance: A's socket holds the proof back (as before)
+        assert not teardown.mooncake_tcp_torn_down("127.0.0.1", [b_ep])
+        # A's own endpoint among the dead instance's endpoints excludes nothing
+        assert not teardown.mooncake_tcp_torn_down("127.0.0.1", [b_ep, a_ep], [a_ep])
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+        acc_a.close()
+        acc_b.close()
+        srv.close()
+
+
 def test_startup_hook_is_inert_without_the_variable(monkeypatch):
     monkeypatch.delenv("KVFENCE_SGLANG", raising=False)
     n = len(sys.meta_path)
@@ -487,7 +544,7 @@ def test_a_fence_waits_for_sent_requests_to_the_dead_prefill(monkeypatch):
     monkeypatch.setattr(kdec, "_SUCCESS", "Success")
     gate, mgr = _gate()
     torn = threading.Event()
-    gate.proof = lambda host, eps: torn.is_set()
+    gate.proof = lambda host, eps, others=(): torn.is_set()
     r = _recv(mgr, 1)
     _send(r, list(range(4)), 0, None)
     mgr.request_status = {1: "Failed", 2: "Success"}
@@ -511,7 +568,7 @@ def test_a_fence_gives_up_when_no_sent_request_is_left(monkeypatch):
     monkeypatch.setattr(ks._state, "config", ks.Config(teardown_poll=0.02))
     monkeypatch.setattr(kdec, "_SUCCESS", "Success")
     gate, mgr = _gate()
-    gate.proof = lambda host, eps: False
+    gate.proof = lambda host, eps, others=(): False
     gate.ranks.ids(_ADDR, [0, 1])
     gate.node_failed(_ADDR, [1, 2], {2: "Success"})
     name = "kvfence-fence-%s" % _ADDR

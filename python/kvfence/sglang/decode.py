@@ -208,7 +208,7 @@ class DecodeGate:
     overdue_logged: Dict[str, float] = field(default_factory=dict)
     next_policy_scan: float = 0.0
     # (hosts a writer of the instance may connect from, its endpoints) -> torn down?
-    proof: Callable[[List[str], List[Tuple[str, int]]], bool] = mooncake_tcp_torn_down
+    proof: Callable[..., bool] = mooncake_tcp_torn_down
     managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
 
     def __post_init__(self) -> None:
@@ -435,7 +435,8 @@ class DecodeGate:
     # -- heartbeat thread ------------------------------------------------------------
     def node_failed(self, addr: str, affected: Iterable[int] = (),
                     status: Optional[Dict[int, Any]] = None,
-                    rank_hosts: Iterable[str] = ()) -> None:
+                    rank_hosts: Iterable[str] = (),
+                    others: Iterable[Tuple[str, int]] = ()) -> None:
         """The heartbeat declared ``addr`` dead: fence its ranks once its transport is
         proven torn down (a thread polls the proof; a live prefill is never fenced).
 
@@ -448,7 +449,10 @@ class DecodeGate:
         before SGLang drops it); with the bootstrap host and the ``rank_ip`` of every
         request's bootstrap infos, the addresses the proof checks for inbound sockets (a
         prefill's ranks connect from their own addresses: multi-node prefill, or a data
-        NIC that registered as ``rank_ip``)."""
+        NIC that registered as ``rank_ip``). ``others``: the rank endpoints (``rank_ip``,
+        ``rank_port``) of the other prefill instances in SGLang's connection pool: on a
+        host they share with ``addr``, a socket whose other end a process serving one of
+        them holds is theirs, not ``addr``'s (:mod:`.teardown`)."""
         host, _, port = addr.rpartition(":")
         eps: Set[Tuple[str, int]] = {(host, int(port))}
         hosts: Set[str] = {host}
@@ -470,6 +474,7 @@ class DecodeGate:
         pending = list(affected)
         st: Dict[int, Any] = {} if status is None else status
         proof_hosts = sorted(hosts)
+        live = sorted(set(others) - eps)
 
         def waits() -> bool:
             # An open room not yet released writes to them, or a request SGLang still
@@ -494,7 +499,7 @@ class DecodeGate:
                     return
                 if not self.unfenced(addr, ranks):
                     return  # fenced meanwhile (fence_prefill)
-                if idle == 0 and self.proof(proof_hosts, sorted(eps)):
+                if idle == 0 and self.proof(proof_hosts, sorted(eps), live):
                     break
                 time.sleep(_state.config.teardown_poll)
             self.fence(addr, ranks, "transport torn down %.2f s after the heartbeat failure"
@@ -1062,6 +1067,7 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
         tracker = getattr(self, "addr_to_rooms_tracker", None) or {}
         affected = list(tracker.get(failed_bootstrap_addr, ()))
         hosts: List[str] = []
+        others: List[Tuple[str, int]] = []
         if gate is not None:
             # Every rank_ip the instance's ranks registered (SGLang's connection pool,
             # keyed by the bootstrap address plus a suffix per rank group; SGLang drops
@@ -1071,15 +1077,18 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
             with lock if lock is not None else contextlib.nullcontext():
                 pool = dict(getattr(self, "connection_pool", None) or {})
             for k, infos in pool.items():
-                if isinstance(k, str) and k.startswith(failed_bootstrap_addr):
-                    for b in infos or ():
-                        ip = b.get("rank_ip") if isinstance(b, dict) else None
-                        if ip:
-                            hosts.append(str(ip))
+                mine = isinstance(k, str) and k.startswith(failed_bootstrap_addr)
+                for b in infos or ():
+                    ip = b.get("rank_ip") if isinstance(b, dict) else None
+                    if ip and mine:
+                        hosts.append(str(ip))
+                    elif ip and b.get("rank_port"):
+                        # another instance's rank endpoint: see DecodeGate.node_failed
+                        others.append((str(ip), int(b["rank_port"])))
         out = orig(self, failed_bootstrap_addr)
         if gate is not None:
             gate.node_failed(failed_bootstrap_addr, affected,
-                             getattr(self, "request_status", None), hosts)
+                             getattr(self, "request_status", None), hosts, others)
         return out
     return _handle_node_failure
 

@@ -29,7 +29,15 @@ is never fenced (its sockets stay): its rooms are released by its own ACKs, or b
 quarantine policy; a powered-off host cannot be proven from here (fact 2 times out): an
 operator or a fencing agent that has cut it off calls :func:`kvfence.sglang.fence_prefill`.
 Several prefill processes on one host share its address, so fact 1 waits for all of them
-(conservative: never an early fence). Limit: a writer whose connections leave from an
+(conservative: never an early fence), with one exception that is proven, not assumed: an
+inbound socket whose other end is a socket of this host (the same network namespace: its
+row is in the same kernel table) owned by a process that listens on a rank endpoint of
+another, live prefill instance (``others``: their ZMQ rank ports, from SGLang's
+connection pool) is that instance's, not the dead one's (a process serves one instance),
+and does not count. Without that, a second prefill on the host of a ``kill -9``-ed one
+kept its pages held for good (issue 41's ``prefill_killed`` on a real pair). A socket
+whose other end has no owner (an orphan the kernel is closing), or is not on this host,
+or whose owner cannot be read (``/proc/PID/fd`` of another user) still counts. Limit: a writer whose connections leave from an
 address its rank did not register as ``rank_ip`` (a source address the kernel picks on
 another NIC) is not seen; deploy with ``rank_ip`` (``SGLANG_HOST_IP``) set to the address
 Mooncake's traffic leaves from, or fence such a prefill with ``fence_prefill``.
@@ -41,7 +49,7 @@ import errno
 import ipaddress
 import os
 import socket
-from typing import Iterable, List, Set, Tuple, Union
+from typing import Dict, Iterable, List, Set, Tuple, Union
 
 __all__ = ["mooncake_tcp_torn_down", "inbound_sockets_from", "endpoint_refuses"]
 
@@ -104,10 +112,63 @@ def _resolve(host: str) -> Set[str]:
         return {host}
 
 
-def inbound_sockets_from(host: Union[str, Iterable[str]]) -> int:
+def _socket_owners(inodes: Set[str]) -> Dict[str, Set[int]]:
+    """The processes holding each socket inode of ``inodes`` (a scan of every readable
+    ``/proc/PID/fd``; a process whose descriptors cannot be read is not seen)."""
+    owners: Dict[str, Set[int]] = {}
+    if not inodes:
+        return owners
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return owners
+    for pid in pids:
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                owners.setdefault(target[8:-1], set()).add(pid)
+    return owners
+
+
+_ANY = {"0.0.0.0", "::"}
+
+
+def _others_sockets(rows: List[Tuple[str, int, str, int, str, str]],
+                    others: Iterable[Tuple[str, int]]) -> Set[Tuple[str, int, str, int]]:
+    """The connections ``(local ip, local port, remote ip, remote port)`` of this host's
+    sockets held by a process that listens on one of ``others`` (rank endpoints of live
+    prefill instances)."""
+    want: Set[Tuple[str, int]] = set()
+    for h, p in others:
+        for ip in _resolve(h):
+            want.add((ip, int(p)))
+    ports = {p for _, p in want}
+    listen = {ino for (lip, lport, _, _, st, ino) in rows
+              if st == _LISTEN and ino != "0" and lport in ports
+              and ((lip, lport) in want or lip in _ANY)}
+    if not listen:
+        return set()
+    conn = {ino for (_, _, _, _, st, ino) in rows if st != _LISTEN and ino != "0"}
+    owners = _socket_owners(listen | conn)
+    serving = set().union(*(owners.get(i, set()) for i in listen))
+    return {(lip, lport, rip, rport) for (lip, lport, rip, rport, st, ino) in rows
+            if st != _LISTEN and ino != "0" and owners.get(ino, set()) & serving}
+
+
+def inbound_sockets_from(host: Union[str, Iterable[str]],
+                         others: Iterable[Tuple[str, int]] = ()) -> int:
     """How many sockets of this process, accepted on one of its listening ports from
     ``host`` (one address or name, or several), are still open (any state but LISTEN /
-    TIME_WAIT)."""
+    TIME_WAIT), less those whose other end is a socket of this host held by a process
+    that listens on one of ``others`` (rank endpoints of other, live prefill instances:
+    see the module docstring)."""
     mine = _own_socket_inodes()
     rows = _sockets()
     listening = {lport for (_, lport, _, _, st, ino) in rows if st == _LISTEN and ino in mine}
@@ -118,12 +179,15 @@ def inbound_sockets_from(host: Union[str, Iterable[str]]) -> int:
     peers: Set[str] = set()
     for h in ([host] if isinstance(host, str) else host):
         peers |= _resolve(h)
-    return sum(
-        1
-        for (_, lport, rip, rport, st, ino) in rows
-        if ino in mine and st not in (_LISTEN, _TIME_WAIT) and lport in listening
-        and rip in peers and (rip, rport) not in own_ends
-    )
+    inbound = [(lip, lport, rip, rport) for (lip, lport, rip, rport, st, ino) in rows
+               if ino in mine and st not in (_LISTEN, _TIME_WAIT) and lport in listening
+               and rip in peers and (rip, rport) not in own_ends]
+    others = list(others)
+    if inbound and others:
+        # the other end of our (lip, lport) <- (rip, rport) is their (rip, rport) -> (lip, lport)
+        theirs = _others_sockets(rows, others)
+        inbound = [c for c in inbound if (c[2], c[3], c[0], c[1]) not in theirs]
+    return len(inbound)
 
 
 def endpoint_refuses(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -138,12 +202,15 @@ def endpoint_refuses(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def mooncake_tcp_torn_down(hosts: Union[str, Iterable[str]],
-                           endpoints: Iterable[Tuple[str, int]]) -> bool:
+                           endpoints: Iterable[Tuple[str, int]],
+                           others: Iterable[Tuple[str, int]] = ()) -> bool:
     """The proof described in the module docstring, for the prefill instance whose
     writers connect from ``hosts`` (its bootstrap host and every ``rank_ip`` its ranks
     registered: a multi-node prefill's ranks, or a data NIC, connect from addresses other
     than the bootstrap host) and that served ``endpoints`` (its bootstrap server and
-    each rank's ZMQ endpoint). Every endpoint's host counts as a writer's host too."""
+    each rank's ZMQ endpoint). Every endpoint's host counts as a writer's host too.
+    ``others``: the rank endpoints of the other, live prefill instances this decode
+    knows (their sockets on a shared host do not count; none of ``endpoints`` is one)."""
     eps = list(endpoints)
     if not eps:
         return False
@@ -151,4 +218,5 @@ def mooncake_tcp_torn_down(hosts: Union[str, Iterable[str]],
         return False
     peers = {hosts} if isinstance(hosts, str) else set(hosts)
     peers.update(h for h, _ in eps)
-    return inbound_sockets_from(sorted(peers)) == 0
+    mine = set(eps)
+    return inbound_sockets_from(sorted(peers), [e for e in others if e not in mine]) == 0
