@@ -43,6 +43,16 @@ if [ -n "${KVFENCE_TARGET:-}" ]; then
         find "$KVFENCE_TARGET" -mindepth 1 -maxdepth 1 ! -name .kvfence-build-cache -exec rm -rf {} +
     fi
     echo "cargo builds in $KVFENCE_TARGET (cached between runs; not ffi/ci.sh, not Miri)"
+    # Cargo reuses an artifact whose sources are older than it: with a cache shared between
+    # checkouts, this checkout's sources must be the newest. One run at a time holds the
+    # cache (a run beside this one would build its own sources into it meanwhile), and
+    # every tracked file is touched once the lock is held.
+    exec 9>"$KVFENCE_TARGET/.lock"
+    if ! flock -n 9; then
+        echo "another run holds $KVFENCE_TARGET: waiting for it"
+        flock 9
+    fi
+    git ls-files -z 2>/dev/null | xargs -0 -r touch -c
 fi
 
 start=$(date +%s)

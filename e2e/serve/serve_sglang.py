@@ -28,6 +28,13 @@ Scenarios (SGLang pushes: the prefill WRITEs into the decode's pages over Moonca
   ACKed (a -1 write), so its pages stay held (counted: SGLang's own ``kv_used_tokens``
   at idle, kvfence's log) and nobody is given them.
 
+* ``deadline_expired``: F's write held in flight on prefill A, F aborted at the decode;
+  later requests through prefill B (see the function).
+* ``client_disconnect``: six concurrent clients, every other one hanging up at a random
+  point (not forced; see the function).
+* ``prefill_killed``: F's write held on prefill B, B killed -9 and started again; the
+  dead writer's slots must come back (see the function).
+
 Per scenario and rule: requests (F not counted: it is the fault), wrong-token requests,
 HTTP errors, p50/p99 latency, the decode's KV slots in use at idle (SGLang's own
 ``/v1/loads``: ``num_used_tokens``) and its deferred releases by outcome
@@ -39,11 +46,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
+import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import model as _model
 import sglang_pair
@@ -65,13 +74,15 @@ class Tally(tally.Tally):
         self.victim_wrong = 0
         self.overlap: List[int] = []
         self.landed = 0
+        self.cancelled = 0
+        self.fenced = 0
         self.notes: List[str] = []
 
     def row(self) -> Dict[str, Any]:
         return {**super().row(), "faulted": self.faulted,
                 "faulted_answered": self.faulted_answered, "victims": self.victims,
                 "victim_overlap_slots": self.overlap, "late_writes_landed": self.landed,
-                "notes": self.notes}
+                "cancelled": self.cancelled, "fenced": self.fenced, "notes": self.notes}
 
 
 def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, room: Optional[int] = None,
@@ -234,7 +245,116 @@ def deadline_expired(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> No
         pair.remove(f)
 
 
-SCENARIOS = {"normal": normal, "write_failed": write_failed, "deadline_expired": deadline_expired}
+def prefill_killed(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """F through the second prefill instance, its KV write held inside the transfer call
+    (``CTL/hold_next``); that prefill is killed -9 (its whole process group) while the
+    write is held; then four requests through the first prefill, one after another, and
+    the killed one is started again. F fails under both rules. SGLang's decode learns of
+    the death from its heartbeat: stock frees F's slots then; kvfence fences the dead
+    prefill's ranks once no socket from it is left (its proof that nothing of it can
+    land), then frees them. Not a race stock loses here: the held write dies before a
+    byte of it reaches a socket (bytes already in a socket's buffer would still land
+    after the kill; nothing on this box makes that ordering happen on purpose). What it
+    checks: a dead writer's pages come back, later requests are right, nothing hangs."""
+    n = len(data["prompts"])
+    assert pair.prefill_b is not None, "prefill_killed needs the second prefill instance"
+    for f in ("hold_next", "held", "release", "held_done"):
+        pair.remove(f)
+    f_idx, f_room = (run * 7 + 5) % n, pair.next_room()
+    pair.touch("hold_next")
+    t.faulted += 1
+    fres: Dict[str, Any] = {}
+    victim = pair.prefill_b
+
+    def f_request() -> None:
+        try:
+            fres["out"], _, _ = pair.generate(data["prompts"][f_idx], data["max_tokens"],
+                                              room=f_room, prefill=victim)
+        except Exception as e:  # noqa: BLE001 - its prefill was killed: expected
+            fres["error"] = str(e)[:160]
+
+    d_mark = len(pair.decode.log_text())
+    fth = threading.Thread(target=f_request)
+    fth.start()
+    if not pair.wait_ctl("held", 120):
+        t.notes.append("F's write was never held")
+        pair.remove("hold_next")
+        pair.touch("release")
+        fth.join(300)
+        return
+    f_slots = slots_of(pair, f_room) or set()
+    victim.signal(signal.SIGKILL)
+    fth.join(300)
+    if "out" in fres:
+        t.faulted_answered += 1
+        t.notes.append("F answered although its prefill was killed")
+    fenced = pair.decode.wait_log("kvfence: fenced prefill", 60.0, d_mark) if pair.rule == "kvfence" else False
+    print(f"    [{pair.rule}] F (room {f_room}, {len(f_slots)} slots): prefill B killed -9 mid-write; "
+          f"F {'answered' if 'out' in fres else 'failed: ' + fres.get('error', '?')}"
+          f"{'; kvfence fenced the dead prefill' if fenced else ''}", flush=True)
+    if fenced:
+        t.fenced += 1
+    for k in range(4):
+        _go(pair, data, (run * 4 + k + 3) % n, t)
+    for f in ("hold_next", "held", "release", "held_done"):
+        pair.remove(f)
+    up = pair.restart_prefill_b()
+    print(f"    [{pair.rule}] prefill B up again in {up:.0f} s", flush=True)
+
+
+def client_disconnect(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """Six concurrent clients on a decode pool with room for two, every other one hanging
+    up (both connections closed, as a router does when its client goes) at a point drawn
+    from a seeded generator: 0-0.3 s after sending (while queued for the decode's slots or
+    while its KV write is in flight), or at a token of its decode. Every answer that arrives is compared; a
+    hang-up counts as a request, not an error. Nothing is forced: the race it can hit is an
+    abort while a write is in flight (``deadline_expired`` forces that one), so both rules
+    must answer right and give every slot back (kvfence once the writes drained)."""
+    rng = random.Random(run)
+    n = len(data["prompts"])
+    threads = []
+    for k in range(6):
+        i = (run * 6 + k) % n
+        # hang up at token 0 (while queued or while the KV write is in flight: 0-0.3 s
+        # after sending) or at a token of the decode's stream
+        at = None
+        if k % 2:
+            at = (0, rng.uniform(0.0, 0.3)) if rng.random() < 0.5 else \
+                (rng.randrange(1, data["max_tokens"] // 2), 0.0)
+        threads.append(threading.Thread(target=_go_or_hang_up, args=(pair, data, i, t, at)))
+    for th in threads:
+        th.start()
+        time.sleep(0.1)
+    for th in threads:
+        th.join(300)
+
+
+def _go_or_hang_up(pair: Pair, data: Dict[str, Any], i: int, t: Tally,
+                   at: Optional[Tuple[int, float]]) -> None:
+    if at is None:
+        try:
+            out, dt, _ = pair.generate(data["prompts"][i], data["max_tokens"])
+        except Exception as e:  # an HTTP error / abort: counted, never a wrong answer
+            print(f"    request {i}: {e}", file=sys.stderr, flush=True)
+            out, dt = None, 0.0
+        with _LOCK:  # six client threads share the tally
+            t.check(out, data["tokens"][i], dt)
+        return
+    seen = pair.hang_up(data["prompts"][i], data["max_tokens"], at[0], at[1])
+    with _LOCK:
+        t.requests += 1
+        t.cancelled += 1
+    when = f"at token {at[0]}" if at[0] else f"{at[1]:.2f} s after sending"
+    print(f"    [{pair.rule}] request {i} (room {seen['room']}) hung up {when}: "
+          f"{seen['chunks']} token(s) streamed{', already finished' if seen['finished'] else ''}",
+          flush=True)
+
+
+_LOCK = threading.Lock()
+
+
+SCENARIOS = {"normal": normal, "write_failed": write_failed, "deadline_expired": deadline_expired,
+             "client_disconnect": client_disconnect, "prefill_killed": prefill_killed}
 RACING = {"write_failed", "deadline_expired"}
 
 
@@ -274,7 +394,7 @@ def main() -> int:
     # (100 + 24 + 32 reserved), the same pool for both rules.
     tokens = (sglang_pair.DECODE_TOKENS + (100 * (a.runs - 1) if "write_failed" in a.scenarios else 0)
               + (100 if "deadline_expired" in a.scenarios else 0))
-    two = "deadline_expired" in a.scenarios
+    two = "deadline_expired" in a.scenarios or "prefill_killed" in a.scenarios
     pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8300 + 10 * k, tokens, two)
              for k, rule in enumerate(rules)}
     try:

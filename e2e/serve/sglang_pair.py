@@ -171,6 +171,8 @@ class Pair:
     def __init__(self, rule: str, model: str, logdir: str, python: str, base_port: int,
                  decode_tokens: int = DECODE_TOKENS, second_prefill: bool = False) -> None:
         self.rule = rule
+        self.model, self.logdir, self.python = model, logdir, python
+        self._restarts = 0
         self.ctl = os.path.join(logdir, f"ctl-{rule}")
         os.makedirs(self.ctl, exist_ok=True)
         for f in os.listdir(self.ctl):
@@ -187,6 +189,20 @@ class Pair:
             self.prefill_b = Server(f"sglang-{rule}-prefill-b", "prefill", base_port + 2, rule, model,
                                     logdir, python, self.ctl, bootstrap_port=base_port + 102)
         self._room = int(time.time()) % 100000 * 1000
+
+    def restart_prefill_b(self, timeout: float = 900.0) -> float:
+        """Starts the second prefill instance again (after its kill -9), on the same ports,
+        its log in a new file; returns the seconds it took to be up."""
+        old = self.prefill_b
+        assert old is not None
+        old.stop()
+        self._restarts += 1
+        t0 = time.time()
+        self.prefill_b = Server(f"{old.name}-r{self._restarts}", "prefill", old.port, self.rule,
+                                self.model, self.logdir, self.python, self.ctl,
+                                bootstrap_port=old.bootstrap_port)
+        self.prefill_b.wait_ready(timeout)
+        return time.time() - t0
 
     def wait_ready(self, timeout: float = 900.0) -> None:
         self.prefill.wait_ready(timeout)
@@ -230,6 +246,58 @@ class Pair:
         self._room += 1
         return self._room
 
+    @staticmethod
+    def _body(prompt: List[int], max_tokens: int, room: int, pf: Server) -> Dict[str, Any]:
+        """The router's ``/generate`` body: greedy, exactly ``max_tokens``, the room and
+        the bootstrap server of prefill ``pf``."""
+        return {"input_ids": prompt,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens,
+                                    "min_new_tokens": max_tokens, "ignore_eos": True},
+                "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bootstrap_port,
+                "bootstrap_room": room}
+
+    def hang_up(self, prompt: List[int], max_tokens: int, at_chunk: int, delay: float,
+                prefill: Optional[Server] = None) -> Dict[str, Any]:
+        """A client that hangs up: the request as ``generate`` sends it, but streamed, and
+        both connections (the prefill's and the decode's, as a router drops both when its
+        client goes) closed once the decode has streamed ``at_chunk`` tokens (0: ``delay``
+        seconds after sending, while the request waits for its slots or its KV write).
+        SGLang aborts a request whose client is gone (its HTTP server's disconnect check).
+        Returns what was seen: ``chunks`` streamed, ``finished`` if it ended first."""
+        room = self.next_room()
+        pf = prefill or self.prefill
+        body = self._body(prompt, max_tokens, room, pf)
+        body["stream"] = True
+        seen: Dict[str, Any] = {"chunks": 0, "finished": False, "room": room}
+        gone = threading.Event()
+
+        def stream(srv: Server) -> None:
+            try:
+                with requests.post(srv.url + "/generate", json=body, stream=True, timeout=300) as r:
+                    if srv is not self.decode:
+                        gone.wait(300)  # the prefill's connection goes when the client goes
+                        return
+                    if at_chunk == 0:
+                        gone.wait(delay)
+                        return
+                    for line in r.iter_lines():
+                        if line.strip() == b"data: [DONE]":
+                            seen["finished"] = True
+                        elif line.startswith(b"data:"):
+                            seen["chunks"] += 1
+                            if seen["chunks"] >= at_chunk:
+                                return
+            except requests.RequestException:
+                pass
+            finally:
+                gone.set()
+
+        tp = threading.Thread(target=stream, args=(pf,))
+        tp.start()
+        stream(self.decode)
+        tp.join(30)
+        return seen
+
     def generate(self, prompt: List[int], max_tokens: int, room: Optional[int] = None,
                  timeout: float = 300.0, prefill: Optional[Server] = None,
                  rid: Optional[str] = None) -> Tuple[List[int], float, Dict[str, Any]]:
@@ -238,11 +306,7 @@ class Pair:
         aborted request."""
         room = self.next_room() if room is None else room
         pf = prefill or self.prefill
-        body = {"input_ids": prompt,
-                "sampling_params": {"temperature": 0.0, "max_new_tokens": max_tokens,
-                                    "min_new_tokens": max_tokens, "ignore_eos": True},
-                "bootstrap_host": "127.0.0.1", "bootstrap_port": pf.bootstrap_port,
-                "bootstrap_room": room}
+        body = self._body(prompt, max_tokens, room, pf)
         if rid is not None:
             body["rid"] = rid
         res: Dict[str, Any] = {}
