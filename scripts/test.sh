@@ -34,25 +34,26 @@ cached() {
 if [ -n "${KVFENCE_TARGET:-}" ]; then
     mkdir -p "$KVFENCE_TARGET"
     [ -n "$(ls -A "$KVFENCE_TARGET")" ] || touch "$KVFENCE_TARGET/.kvfence-build-cache"
+    # Cargo reuses an artifact whose sources are older than it: with a cache shared between
+    # checkouts, this checkout's sources must be the newest. One run at a time holds the
+    # cache (a run beside this one would build its own sources into it meanwhile), and
+    # every tracked file is touched once the lock is held.
+    exec 9>>"$KVFENCE_TARGET/.lock"
+    if ! flock -n 9; then
+        echo "another run holds $KVFENCE_TARGET: waiting for it"
+        flock 9
+    fi
     # Cargo never collects old artifacts: each new checkout path adds its own. Start over
     # when the cache has grown past KVFENCE_TARGET_MAX_GB (default 20), and only a folder
     # this script made (its marker file), never one a user pointed it at by mistake.
     gb=$(du -s --block-size=1G "$KVFENCE_TARGET" 2>/dev/null | cut -f1)
     if [ "${gb:-0}" -gt "${KVFENCE_TARGET_MAX_GB:-20}" ] && [ -f "$KVFENCE_TARGET/.kvfence-build-cache" ]; then
         echo "build cache $KVFENCE_TARGET is ${gb} GB: emptied"
-        find "$KVFENCE_TARGET" -mindepth 1 -maxdepth 1 ! -name .kvfence-build-cache -exec rm -rf {} +
-    fi
-    echo "cargo builds in $KVFENCE_TARGET (cached between runs; not ffi/ci.sh, not Miri)"
-    # Cargo reuses an artifact whose sources are older than it: with a cache shared between
-    # checkouts, this checkout's sources must be the newest. One run at a time holds the
-    # cache (a run beside this one would build its own sources into it meanwhile), and
-    # every tracked file is touched once the lock is held.
-    exec 9>"$KVFENCE_TARGET/.lock"
-    if ! flock -n 9; then
-        echo "another run holds $KVFENCE_TARGET: waiting for it"
-        flock 9
+        find "$KVFENCE_TARGET" -mindepth 1 -maxdepth 1 ! -name .kvfence-build-cache ! -name .lock \
+            -exec rm -rf {} +
     fi
     git ls-files -z 2>/dev/null | xargs -0 -r touch -c
+    echo "cargo builds in $KVFENCE_TARGET (cached between runs; not ffi/ci.sh, not Miri)"
 fi
 
 start=$(date +%s)
