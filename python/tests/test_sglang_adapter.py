@@ -141,11 +141,16 @@ def test_patchset_is_all_or_nothing_and_restores():
     assert _Target.__dict__["a"] is orig_a and _Target.__dict__["b"] is orig_b
 
 
-def test_teardown_facts_on_real_sockets():
+def _listener() -> "tuple[socket.socket, int]":
+    """A listening TCP socket on 127.0.0.1 (a port of this process), and its port."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
-    port = srv.getsockname()[1]
+    return srv, srv.getsockname()[1]
+
+
+def test_teardown_facts_on_real_sockets():
+    srv, port = _listener()
     before = teardown.inbound_sockets_from("127.0.0.1")
     cli = socket.create_connection(("127.0.0.1", port))
     acc, _ = srv.accept()
@@ -164,10 +169,7 @@ def test_teardown_facts_on_real_sockets():
 def test_teardown_counts_a_peer_connection_into_a_listener():
     # A child process (the "peer") connects to our listener: the accepted socket is an
     # inbound socket from its address until it exits.
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    port = srv.getsockname()[1]
+    srv, port = _listener()
     peer = subprocess.Popen([sys.executable, "-c",
                              "import socket,sys,time;s=socket.create_connection(('127.0.0.1',%d));"
                              "sys.stdout.write('x');sys.stdout.flush();time.sleep(30)" % port],
@@ -200,10 +202,7 @@ def test_teardown_tells_a_live_instance_on_the_same_host_from_the_dead_one():
     # listener on the decode): A also serves a rank endpoint; B is killed -9. A's socket
     # must not hold B's proof back once A is known as a live instance; B's must, while
     # it is open; nothing is excluded without `others`.
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    port = srv.getsockname()[1]
+    srv, port = _listener()
     base = teardown.inbound_sockets_from("127.0.0.1")
     a = _peer(port, listen=True)
     acc_a, _ = srv.accept()
