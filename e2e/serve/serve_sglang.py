@@ -199,23 +199,22 @@ def write_failed(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
         pair.remove(f)
 
 
-def deadline_expired(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
-    n = len(data["prompts"])
-    for f in ("hold_next", "held", "release", "held_done", "pause", "paused"):
-        pair.remove(f)
-    # 1. F through prefill A: its KV write is held inside the transfer call (in flight).
-    f_idx, f_room = (run * 7 + 12) % n, pair.next_room()
-    rid = f"kvfence-serve-F-{f_room}"
-    d_mark = len(pair.decode.log_text())
+def _send_held(pair: Pair, data: Dict[str, Any], t: Tally, f_idx: int, f_room: int,
+               rid: Optional[str] = None, prefill: Any = None
+               ) -> Optional[Tuple[threading.Thread, Dict[str, Any], Set[int]]]:
+    """Sends the faulted request F (prompt ``f_idx``, room ``f_room``, through ``prefill``)
+    with its KV write held inside the prefill's transfer call (``CTL/hold_next``), on a
+    thread; once the hook says ``held``: (the thread, what F got: ``out`` or ``error``, F's
+    KV slots). None, F let go and noted, if its write was never held."""
     pair.touch("hold_next")
     t.faulted += 1
     fres: Dict[str, Any] = {}
 
     def f_request() -> None:
         try:
-            out, _, _ = pair.generate(data["prompts"][f_idx], data["max_tokens"], room=f_room, rid=rid)
-            fres["out"] = out
-        except Exception as e:  # noqa: BLE001 - aborted: expected
+            fres["out"], _, _ = pair.generate(data["prompts"][f_idx], data["max_tokens"],
+                                              room=f_room, rid=rid, prefill=prefill)
+        except Exception as e:  # noqa: BLE001 - aborted or its prefill killed: expected
             fres["error"] = str(e)[:160]
 
     fth = threading.Thread(target=f_request)
@@ -225,8 +224,22 @@ def deadline_expired(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> No
         pair.remove("hold_next")
         pair.touch("release")
         fth.join(300)
+        return None
+    return fth, fres, slots_of(pair, f_room) or set()
+
+
+def deadline_expired(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    n = len(data["prompts"])
+    for f in ("hold_next", "held", "release", "held_done", "pause", "paused"):
+        pair.remove(f)
+    # 1. F through prefill A: its KV write is held inside the transfer call (in flight).
+    f_idx, f_room = (run * 7 + 12) % n, pair.next_room()
+    rid = f"kvfence-serve-F-{f_room}"
+    d_mark = len(pair.decode.log_text())
+    held = _send_held(pair, data, t, f_idx, f_room, rid=rid)
+    if held is None:
         return
-    f_slots = slots_of(pair, f_room) or set()
+    fth, fres, f_slots = held
     # 2. The decode aborts F while its write is in flight (SGLang's /abort_request, what a
     #    client disconnect does); SGLang waits for prefill A's drain ACK, which comes only
     #    when the write is done, and frees F's slots "anyway" at its deadline.
@@ -261,28 +274,12 @@ def prefill_killed(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None
     for f in ("hold_next", "held", "release", "held_done"):
         pair.remove(f)
     f_idx, f_room = (run * 7 + 5) % n, pair.next_room()
-    pair.touch("hold_next")
-    t.faulted += 1
-    fres: Dict[str, Any] = {}
     victim = pair.prefill_b
-
-    def f_request() -> None:
-        try:
-            fres["out"], _, _ = pair.generate(data["prompts"][f_idx], data["max_tokens"],
-                                              room=f_room, prefill=victim)
-        except Exception as e:  # noqa: BLE001 - its prefill was killed: expected
-            fres["error"] = str(e)[:160]
-
     d_mark = len(pair.decode.log_text())
-    fth = threading.Thread(target=f_request)
-    fth.start()
-    if not pair.wait_ctl("held", 120):
-        t.notes.append("F's write was never held")
-        pair.remove("hold_next")
-        pair.touch("release")
-        fth.join(300)
+    held = _send_held(pair, data, t, f_idx, f_room, prefill=victim)
+    if held is None:
         return
-    f_slots = slots_of(pair, f_room) or set()
+    fth, fres, f_slots = held
     victim.signal(signal.SIGKILL)
     fth.join(300)
     if "out" in fres:
