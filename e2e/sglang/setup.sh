@@ -59,7 +59,6 @@ build_venv() {
     pip install --upgrade pip || refused "pip upgrade refused"
     pip install "torch==$TORCH_VERSION" || refused "torch==$TORCH_VERSION refused"
     pip install --no-deps "sglang==$SGLANG_VERSION" || refused "sglang==$SGLANG_VERSION refused"
-    ln -sf "$base/bin/maturin" "$VENV/bin/maturin"  # (a native binary: kvfence's build)
     # What the disaggregation stack imports (sglang.srt.utils.common imports starlette,
     # hence fastapi); pip's pin complaints about tokenizers/sentencepiece are harmless.
     pip install msgspec requests 'pyzmq>=25.1.2' aiohttp pytest orjson apache-tvm-ffi==0.1.11 \
@@ -91,6 +90,7 @@ build_overlay() {
     base=$(SGLANG_VERSION=0.5.23 "$here/setup.sh" --print) || exit $?
     log "building $VENV over $base"
     "$PY" -m venv "$VENV" || { log "venv failed"; exit 1; }
+    ln -sf "$base/bin/maturin" "$VENV/bin/maturin"  # (a native binary: kvfence's build)
     local own shared
     own=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     shared=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
