@@ -38,54 +38,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
-import statistics
 import sys
-import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List
 
 import model as _model
+import openloop
 import serve
 from vllm_pair import Pair
 
 RULES = ("stock", "kvfence")
-
-
-def schedule(seed: int, round_s: float, rate: float, n_prompts: int, stall_every: int,
-             cancel: float) -> List[Tuple[float, int, str, float]]:
-    """The round's arrivals: (time, prompt index, fault "" | "stall" | "cancel", cancel
-    delay), the same for both rules."""
-    rng = random.Random(seed)
-    out: List[Tuple[float, int, str, float]] = []
-    t, k = 0.0, 0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= round_s:
-            return out
-        k += 1
-        fault = "stall" if k % stall_every == 0 else ("cancel" if rng.random() < cancel else "")
-        out.append((t, rng.randrange(n_prompts), fault, rng.uniform(0.05, 1.0)))
-
-
-class Round:
-    """What one round on one pair saw."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.done = 0
-        self.tokens = 0
-        self.good_tokens = 0  # tokens of answers equal to the reference
-        self.wrong = 0
-        self.errors = 0
-        self.cancelled = 0
-        self.stalled = 0
-        self.lat: List[float] = []
+HOLD_EXTRA_S = 4.0
 
 
 def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
-        r: Round) -> None:
+        r: openloop.Round) -> None:
     """One client's request through the router, its answer checked."""
     t0 = time.perf_counter()
     try:
@@ -95,26 +63,14 @@ def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
         if fault == "cancel":
             body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
             pair.cancel_after(pair.decode.url, body, delay)
-            with r.lock:
-                r.cancelled += 1
+            r.count("cancelled")
             return
         out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
     except Exception as e:
         print(f"    {pair.rule} request {i}: {e}", file=sys.stderr)
-        with r.lock:
-            r.errors += 1
+        r.count("errors")
         return
-    dt = time.perf_counter() - t0
-    with r.lock:
-        r.done += 1
-        r.stalled += fault == "stall"
-        r.tokens += len(out)
-        r.wrong += out != data["tokens"][i]
-        r.good_tokens += len(out) if out == data["tokens"][i] else 0
-        r.lat.append(dt)
-
-
-HOLD_EXTRA_S = 4.0
+    r.answered(out, data["tokens"][i], time.perf_counter() - t0, fault == "stall")
 
 
 def quiesce(pair: Pair, timeout: float = 120.0) -> float:
@@ -134,30 +90,6 @@ def pause(pair: Pair, paused: bool) -> None:
     """SIGSTOP (``paused``) or SIGCONT every process of both servers of ``pair``."""
     for s in (pair.prefill, pair.decode):
         s.signal(signal.SIGSTOP if paused else signal.SIGCONT)
-
-
-def run_round(pair: Pair, data: Dict[str, Any], arrivals: List[Tuple[float, int, str, float]],
-              round_s: float) -> Dict[str, Any]:
-    """The open-loop round: arrivals on schedule; rates over the time until the last
-    answer (so a rule that falls behind pays for it)."""
-    r = Round()
-    threads = []
-    t0 = time.perf_counter()
-    for at, i, fault, delay in arrivals:
-        time.sleep(max(0.0, t0 + at - time.perf_counter()))
-        th = threading.Thread(target=one, args=(pair, data, i, fault, delay, r), daemon=True)
-        th.start()
-        threads.append(th)
-    for th in threads:
-        th.join(600)
-    wall = max(round_s, time.perf_counter() - t0)
-    lat = sorted(r.lat)
-    return {"arrivals": len(arrivals), "done": r.done, "wrong": r.wrong, "errors": r.errors,
-            "cancelled": r.cancelled, "stalled_done": r.stalled, "wall_s": round(wall, 2),
-            "req_per_s": r.done / wall, "tok_per_s": r.tokens / wall,
-            "good_tok_per_s": r.good_tokens / wall,
-            "p50_s": lat[len(lat) // 2] if lat else None,
-            "p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None}
 
 
 def main() -> int:
@@ -194,7 +126,7 @@ def main() -> int:
     pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8200 + 10 * k,
                         prefill_blocks=a.blocks, lease_s=a.lease_s)
              for k, rule in enumerate(RULES)}
-    rows: Dict[str, List[Dict[str, Any]]] = {rule: [] for rule in RULES}
+    rows: Dict[str, List[Dict[str, Any]]] = {}
     try:
         for p in pairs.values():
             p.wait_ready()
@@ -203,21 +135,18 @@ def main() -> int:
             for k in range(2):
                 p.generate(data["prompts"][k], data["max_tokens"])
             hold(p, True)
-        for rnd in range(a.rounds):
-            arrivals = schedule(rnd, a.round_s, a.rate, len(data["prompts"]), a.stall_every,
-                                a.cancel)
-            order = RULES if rnd % 2 == 0 else RULES[::-1]
-            for rule in order:
-                hold(pairs[rule], False)
-                if not a.no_pause:
-                    time.sleep(2)  # heartbeats and timers catch up before the load starts
-                load0 = os.getloadavg()[0]
-                row = run_round(pairs[rule], data, arrivals, a.round_s)
-                row.update(rule=rule, round=rnd, load_before=load0, load=os.getloadavg()[0],
-                           quiesce_s=round(quiesce(pairs[rule]), 1))
-                hold(pairs[rule], True)
-                rows[rule].append(row)
-                print(json.dumps(row), flush=True)
+
+        def measure(rule: str, arrivals: List[openloop.Arrival]) -> Dict[str, Any]:
+            pair = pairs[rule]
+            return openloop.run_round(
+                lambda i, fault, rnd, r: one(pair, data, i, fault, rnd, r), arrivals, a.round_s)
+
+        rows = openloop.alternate(
+            RULES, a.rounds,
+            lambda rnd: openloop.schedule(rnd, a.round_s, a.rate, len(data["prompts"]),
+                                          a.stall_every, a.cancel),
+            measure, lambda rule: quiesce(pairs[rule]), lambda rule, p: hold(pairs[rule], p),
+            0.0 if a.no_pause else 2.0)
         idle = {}
         for rule, p in pairs.items():
             hold(p, False)
@@ -232,29 +161,11 @@ def main() -> int:
                 pass
             p.stop()
 
-    def med(rule: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows[rule])
-
-    summary: Dict[str, Any] = {"rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
-                               "paused_when_not_measured": not a.no_pause,
-                               "stall_every": a.stall_every, "cancel": a.cancel,
-                               "lease_s": a.lease_s, "hold_s": a.lease_s + HOLD_EXTRA_S,
-                               "prefill_blocks": a.blocks,
-                               "idle_kv_usage": idle}
-    for rule in RULES:
-        summary[rule] = {
-            "req_per_s_median": round(med(rule, "req_per_s"), 3),
-            "tok_per_s_median": round(med(rule, "tok_per_s"), 2),
-            "good_tok_per_s_median": round(med(rule, "good_tok_per_s"), 2),
-            "p50_s_median": round(med(rule, "p50_s"), 3),
-            "p99_s_median": round(med(rule, "p99_s"), 3),
-            "done": sum(r["done"] for r in rows[rule]),
-            "wrong": sum(r["wrong"] for r in rows[rule]),
-            "errors": sum(r["errors"] for r in rows[rule]),
-            "cancelled": sum(r["cancelled"] for r in rows[rule]),
-        }
-    for key in ("req_per_s_median", "tok_per_s_median", "good_tok_per_s_median"):
-        summary["ratio_" + key] = round(summary["kvfence"][key] / summary["stock"][key], 3)
+    summary = openloop.summarize(rows, {
+        "rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
+        "paused_when_not_measured": not a.no_pause, "stall_every": a.stall_every,
+        "cancel": a.cancel, "lease_s": a.lease_s, "hold_s": a.lease_s + HOLD_EXTRA_S,
+        "prefill_blocks": a.blocks, "idle_kv_usage": idle})
     print(json.dumps(summary, indent=1))
     if a.out:
         with open(a.out, "w") as f:

@@ -9,8 +9,8 @@
 # Env: RUNS (runs of each scenario per rule, default 3), SHORT (1: the CI form: the control
 # `normal` and the racing `write_failed`; else also `deadline_expired`, which starts a
 # second prefill instance per pair, `client_disconnect` and `prefill_killed`), SCENARIOS (a comma-separated
-# list instead of those), OUT (log directory, default a new /tmp/kvfence-serve-sglang.XXXX),
-# KVFENCE_CACHE.
+# list instead of those; "-": none), BENCH (1: then the throughput comparison, bench_sglang.py,
+# ~15 min), OUT (log directory, default a new /tmp/kvfence-serve-sglang.XXXX), KVFENCE_CACHE.
 # Prints "PASS what" / "FAIL what" lines and "SKIP: reason" lines; writes the rows to
 # $OUT/serve-sglang.json. Exit status: 0 every check passed, 1 one failed, 77 it cannot run
 # here at all (the environment cannot be installed).
@@ -27,6 +27,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 RUNS=${RUNS:-3}
 SHORT=${SHORT:-0}
+BENCH=${BENCH:-0}
 OUT=${OUT:-$(mktemp -d /tmp/kvfence-serve-sglang.XXXX)}
 CACHE=${KVFENCE_CACHE:-$HOME/.cache/kvfence}
 mkdir -p "$OUT"
@@ -85,6 +86,8 @@ echo "== the model and its transformers reference: $MODEL"
 
 scen=${SCENARIOS:-normal,write_failed,deadline_expired,client_disconnect,prefill_killed}
 [ "$SHORT" = 1 ] && scen=${SCENARIOS:-normal,write_failed}
+: > "$OUT/checks-sglang.txt"
+if [ "$scen" != - ]; then
 echo "== SGLang pairs, stock and kvfence started at once; scenarios $scen, $RUNS run(s) each"
 t0=$SECONDS
 (cd "$here" && "$PY" serve_sglang.py "$MODEL" "$OUT/sglang" --runs "$RUNS" --scenarios "$scen" \
@@ -167,6 +170,35 @@ for rule in ("stock", "kvfence"):
           "sglang %s: kvfence.sglang %s in the servers' KV-manager processes (%d say installed, %d not)"
           % (rule, "installed" if want_on else "absent", yes, no))
 PY
+fi
+if [ "$BENCH" = 1 ]; then
+    echo "== SGLang throughput under load with faults: stock and kvfence side by side (bench_sglang.py)"
+    t0=$SECONDS
+    (cd "$here" && "$PY" bench_sglang.py "$MODEL" "$OUT/bench-sglang" --out "$OUT/bench-sglang.json") 2>&1 \
+        | tee "$OUT/bench-sglang.out"
+    echo "   bench done in $((SECONDS - t0)) s"
+    if [ -s "$OUT/bench-sglang.json" ]; then
+        "$PY" - "$OUT/bench-sglang.json" >> "$OUT/checks-sglang.txt" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+k, st = s["kvfence"], s["stock"]
+check((s["ratio_tok_per_s_median"] or 0) >= 0.98 and (s["ratio_req_per_s_median"] or 0) >= 0.98,
+      "sglang throughput: kvfence/stock tokens/s %s, requests/s %s (>= 0.98; medians of %d rounds)"
+      % (s["ratio_tok_per_s_median"], s["ratio_req_per_s_median"], s["rounds"]))
+check(k["wrong"] == 0 and k["errors"] == 0 and k["done"] > 0,
+      "sglang throughput run: kvfence 0 wrong answers, 0 HTTP errors (%d answers, %d slow writes; stock %d wrong of %d)"
+      % (k["done"], k["stalled"], st["wrong"], st["done"]))
+i = s["idle"]["kvfence"]
+check(i["decode_kv_used_tokens"] == 0 and i["released_anyway"] == 0,
+      "sglang throughput run: kvfence's decode KV slots all back at idle (%s in use), none released on a deadline (%d)"
+      % (i["decode_kv_used_tokens"], i["released_anyway"]))
+PY
+    else
+        echo "FAIL sglang throughput: no summary (see $OUT/bench-sglang.out)" >> "$OUT/checks-sglang.txt"
+    fi
+fi
 cat "$OUT/checks-sglang.txt"
 echo "e2e/serve/sglang.sh: $((SECONDS - start)) s; logs in $OUT"
 grep -q '^FAIL' "$OUT/checks-sglang.txt" && exit 1

@@ -28,14 +28,13 @@ prefill and to the decode at once, with ``bootstrap_host``/``bootstrap_port``/
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import requests
 
@@ -189,6 +188,7 @@ class Pair:
             self.prefill_b = Server(f"sglang-{rule}-prefill-b", "prefill", base_port + 2, rule, model,
                                     logdir, python, self.ctl, bootstrap_port=base_port + 102)
         self._room = int(time.time()) % 100000 * 1000
+        self._room_lock = threading.Lock()  # next_room is called from clients' threads
 
     def restart_prefill_b(self, timeout: float = 900.0) -> float:
         """Starts the second prefill instance again (after its kill -9), on the same ports,
@@ -243,8 +243,9 @@ class Pair:
         return requests.post(self.decode.url + "/abort_request", json={"rid": rid}, timeout=30).status_code
 
     def next_room(self) -> int:
-        self._room += 1
-        return self._room
+        with self._room_lock:
+            self._room += 1
+            return self._room
 
     @staticmethod
     def _body(prompt: List[int], max_tokens: int, room: int, pf: Server) -> Dict[str, Any]:
@@ -257,14 +258,16 @@ class Pair:
                 "bootstrap_room": room}
 
     def hang_up(self, prompt: List[int], max_tokens: int, at_chunk: int, delay: float,
-                prefill: Optional[Server] = None) -> Dict[str, Any]:
+                prefill: Optional[Server] = None, room: Optional[int] = None,
+                until: Optional[Callable[[], bool]] = None) -> Dict[str, Any]:
         """A client that hangs up: the request as ``generate`` sends it, but streamed, and
         both connections (the prefill's and the decode's, as a router drops both when its
         client goes) closed once the decode has streamed ``at_chunk`` tokens (0: ``delay``
-        seconds after sending, while the request waits for its slots or its KV write).
+        seconds after sending, while the request waits for its slots or its KV write; or,
+        with ``until``, once ``until()`` returns, whatever it returns).
         SGLang aborts a request whose client is gone (its HTTP server's disconnect check).
         Returns what was seen: ``chunks`` streamed, ``finished`` if it ended first."""
-        room = self.next_room()
+        room = self.next_room() if room is None else room
         pf = prefill or self.prefill
         body = self._body(prompt, max_tokens, room, pf)
         body["stream"] = True
@@ -278,7 +281,10 @@ class Pair:
                         gone.wait(300)  # the prefill's connection goes when the client goes
                         return
                     if at_chunk == 0:
-                        gone.wait(delay)
+                        if until is not None:
+                            until()
+                        else:
+                            gone.wait(delay)
                         return
                     for line in r.iter_lines():
                         if line.strip() == b"data: [DONE]":

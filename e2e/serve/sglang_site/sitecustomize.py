@@ -16,7 +16,12 @@ modules are imported (a post-import hook, as ``kvfence.sglang``'s own start-up h
   writes ``CTL/landed``. That is Mooncake's semantics for a transfer timeout with slices
   still posted: reported failed, bytes landing later. When the harness creates
   ``CTL/hold_next``, the next call blocks until ``CTL/release`` exists, then writes and
-  returns the real result: a write slower than any deadline.
+  returns the real result: a write slower than any deadline. When the harness creates
+  ``CTL/slow-ROOM`` (its text: seconds), the first transfer call of room ROOM writes
+  ``CTL/held-ROOM``, sleeps that long, writes, then writes ``CTL/slowdone-ROOM``: the
+  throughput bench's slow write, keyed by the request (the transfer worker's current room
+  is read where it takes the chunk off its queue, ``FastQueue.get``, and the call runs on
+  that worker's thread).
 * **Decode pause** (decode, ``Scheduler.run_batch``): while ``CTL/pause`` exists, the
   decode's scheduler stops before its next decode step, after writing ``CTL/paused``
   (the rooms of the running requests). Its Mooncake receiver keeps running (other
@@ -82,6 +87,18 @@ def _write(name: str, text: str) -> None:
     os.rename(p + ".tmp", p)
 
 
+def _claim_text(name: str) -> "str | None":
+    """Takes the control file ``name`` like ``_claim``; its text, or None if absent."""
+    p = os.path.join(_CTL, name)  # type: ignore[arg-type]
+    taken = p + ".taken.%d" % os.getpid()
+    try:
+        os.rename(p, taken)
+    except OSError:
+        return None
+    with open(taken) as f:
+        return f.read()
+
+
 def _wait_for(name: str, present: bool = True) -> None:
     import time
 
@@ -111,6 +128,18 @@ def _patch_engine(mod) -> None:  # type: ignore[no-untyped-def]
 
             threading.Thread(target=late, name="kvfence-serve-late-write", daemon=True).start()
             return -1
+        room = getattr(_current, "room", None)
+        slow = _claim_text("slow-%s" % room) if room is not None else None
+        if slow is not None:
+            import time
+
+            _write("held-%s" % room, session_id)
+            _log("slow: a write of room %s (%d blocks, %d bytes) held %s s" % (room, len(lengths), nbytes, slow))
+            time.sleep(float(slow))
+            rc = orig(self, session_id, buffers, peer_buffer_addresses, lengths)
+            _log("slow: the write of room %s done (rc %s)" % (room, rc))
+            _write("slowdone-%s" % room, str(rc))
+            return rc
         if _claim("hold_next"):
             _log("hold: a write of %d blocks, %d bytes to %s held until CTL/release"
                  % (len(lengths), nbytes, session_id))
@@ -124,6 +153,25 @@ def _patch_engine(mod) -> None:  # type: ignore[no-untyped-def]
 
     cls.batch_transfer_sync = batch_transfer_sync
     _log("fault injection armed at MooncakeTransferEngine.batch_transfer_sync")
+
+
+_current = None  # threading.local: the room of the chunk this transfer worker took last
+
+
+def _patch_queue(mod) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    global _current
+    _current = threading.local()
+    cls = mod.FastQueue
+    orig = cls.get
+
+    def get(self):  # type: ignore[no-untyped-def]
+        item = orig(self)
+        _current.room = getattr(item, "room", None)
+        return item
+
+    cls.get = get
 
 
 def _patch_conn(mod) -> None:  # type: ignore[no-untyped-def]
@@ -179,6 +227,7 @@ _HOOKS = {
     "prefill": {
         "sglang.srt.distributed.device_communicators.mooncake_transfer_engine": _patch_engine,
         "sglang.srt.disaggregation.mooncake.conn": _patch_conn,
+        "sglang.srt.disaggregation.common.utils": _patch_queue,
     },
     "decode": {
         "sglang.srt.managers.scheduler": _patch_scheduler,

@@ -1,0 +1,185 @@
+"""SGLang throughput under load with faults: stock and kvfence side by side, alternating rounds.
+
+``python bench_sglang.py MODEL_DIR LOGDIR [--rounds N] [--round-s S] [--rate R] [--out F]``
+(run by ``e2e/serve/run --bench``, in the SGLang server environment of ``sglang.sh``).
+
+Both deployments are up at once, each a decode and **two prefill instances** (stock on
+ports 8500-8502, kvfence, enabled with ``SGLANG_PLUGINS=kvfence``, on 8510-8512), the
+router sending each request to one prefill or the other (a seeded coin, the same for both
+rules). Each round runs the same open-loop load (``openloop.py``) on one deployment, then
+on the other, the order alternating round by round; the one not measured is paused
+(SIGSTOP of its processes once it has settled, SIGCONT 2 s before its round), both rules
+alike: six SGLang servers share this machine's 2 cores, and an idle scheduler still
+polls.
+
+The load, per round:
+
+* arrivals at ``rate`` per second (exponential gaps), each a client on its own thread;
+* ``cancel`` (10 %) of the clients hang up (``Pair.hang_up``: both connections closed) at a
+  random point: 0.05-0.3 s after sending, or at a decode token;
+* ``stall``: every ``stall_every``-th request's KV write is slow: its prefill's transfer
+  call holds it ``hold_s`` seconds (``CTL/slow-ROOM``, ``sglang_site/sitecustomize.py``;
+  default the release deadline + 2 s) and its client hangs up once it is held (a slow link
+  and an impatient client). Stock SGLang frees the request's KV slots at its deadline and
+  hands them to later requests (through the other prefill, whose queue is not behind the
+  held write, or to decode steps); the write then lands in their KV: wrong answers, HTTP
+  200. kvfence holds the slots until the prefill ACKs the drained write.
+
+The decode's pool is ``--decode-tokens`` KV slots (default 600: four requests and their
+decode reserve, so that freed slots are reused within seconds); the release deadline is
+SGLang's, shortened to ``sglang_pair.RELEASE_TIMEOUT_S``.
+
+Reported per rule: medians over rounds of completed requests/s and generated tokens/s
+(answers in full only, each compared with the reference), tokens/s of right answers
+(``good``), the ratios kvfence / stock, wrong answers, HTTP errors, p50/p99 latency, and the
+decode's KV slots in use at idle (SGLang's own ``num_used_tokens``). ``stalled`` counts the
+slow-write faults (their clients hung up: not answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Dict, List
+
+import model as _model
+import openloop
+import sglang_pair
+from sglang_pair import Pair
+
+RULES = ("stock", "kvfence")
+
+
+def client(pair: Pair, data: Dict[str, Any], hold_s: float, i: int, fault: str, rnd: float,
+           r: openloop.Round) -> None:
+    """One client through the router: prefill A or B by ``rnd``, then its fault or its
+    answer, checked against the reference."""
+    assert pair.prefill_b is not None
+    pf = pair.prefill if rnd < 0.525 else pair.prefill_b
+    prompt, n = data["prompts"][i], data["max_tokens"]
+    t0 = time.perf_counter()
+    try:
+        if fault == "cancel":
+            # rnd is uniform in [0.05, 1): a third hang up while queued or in transfer, the
+            # rest at a decode token
+            at = 0 if rnd < 0.35 else 1 + int((rnd - 0.35) / 0.65 * (n - 1))
+            pair.hang_up(prompt, n, at, min(rnd, 0.3), prefill=pf)
+            r.count("cancelled")
+            return
+        if fault == "stall":
+            room = pair.next_room()
+            with open(os.path.join(pair.ctl, f"slow-{room}"), "w") as f:
+                f.write(str(hold_s))
+            pair.hang_up(prompt, n, 0, 0.0, prefill=pf, room=room,
+                         until=lambda: pair.wait_ctl(f"held-{room}", 60))
+            pair.remove(f"slow-{room}")  # never taken if the write never started
+            r.count("stalled")
+            return
+        out, _, _ = pair.generate(prompt, n, prefill=pf)
+    except Exception as e:  # noqa: BLE001 - counted, and the run goes on
+        print(f"    {pair.rule} request {i}: {str(e)[:200]}", file=sys.stderr)
+        r.count("errors")
+        return
+    r.answered(out, data["tokens"][i], time.perf_counter() - t0, False)
+
+
+def settle(pair: Pair, timeout: float = 90.0) -> float:
+    """Waits until every slow write of the round is done and the decode's KV slots are
+    all free again (SGLang's own ``num_used_tokens``), up to ``timeout``; the seconds
+    waited."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        names = [n for n in os.listdir(pair.ctl) if not n.endswith(".tmp")]
+        held = sum(n.startswith("held-") for n in names)
+        done = sum(n.startswith("slowdone-") for n in names)
+        if held == done and pair.decode.used_tokens() == 0:
+            break
+        time.sleep(0.5)
+    return time.time() - t0
+
+
+def pause(pair: Pair, paused: bool) -> None:
+    """SIGSTOP (``paused``) or SIGCONT every process of every server of ``pair``."""
+    for s in (pair.prefill, pair.prefill_b, pair.decode):
+        if s is not None:
+            s.signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("logdir")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--round-s", type=float, default=60.0)
+    ap.add_argument("--rate", type=float, default=1.0, help="arrivals per second")
+    ap.add_argument("--stall-every", type=int, default=10)
+    ap.add_argument("--cancel", type=float, default=0.10)
+    ap.add_argument("--hold-s", type=float, default=sglang_pair.RELEASE_TIMEOUT_S + 2.0)
+    ap.add_argument("--decode-tokens", type=int, default=600)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
+    # every server; without it the servers' processes outlive the harness.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    data = _model.load(a.model_dir)
+    os.makedirs(a.logdir, exist_ok=True)
+    t_up = time.time()
+    pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8500 + 10 * k,
+                        decode_tokens=a.decode_tokens, second_prefill=True)
+             for k, rule in enumerate(RULES)}
+    rows: Dict[str, List[Dict[str, Any]]] = {}
+    idle: Dict[str, Any] = {}
+    try:
+        for p in pairs.values():
+            p.wait_ready()
+        print(f"both deployments up in {time.time() - t_up:.0f} s", flush=True)
+        for p in pairs.values():  # warm-up: each prefill's first request (bootstrap, first run)
+            for pf in (p.prefill, p.prefill_b):
+                p.generate(data["prompts"][0], data["max_tokens"], prefill=pf)
+            pause(p, True)
+
+        def measure(rule: str, arrivals: List[openloop.Arrival]) -> Dict[str, Any]:
+            pair = pairs[rule]
+            return openloop.run_round(
+                lambda i, fault, rnd, r: client(pair, data, a.hold_s, i, fault, rnd, r),
+                arrivals, a.round_s)
+
+        rows = openloop.alternate(
+            RULES, a.rounds,
+            lambda rnd: openloop.schedule(rnd, a.round_s, a.rate, len(data["prompts"]),
+                                          a.stall_every, a.cancel),
+            measure, lambda rule: settle(pairs[rule]), lambda rule, p: pause(pairs[rule], p),
+            2.0)
+        for rule, p in pairs.items():
+            pause(p, False)
+            idle[rule] = {"decode_kv_used_tokens": p.decode.used_tokens(),
+                          "released_anyway": p.decode.log_text().count("releasing anyway"),
+                          "slow_writes_done": sum(n.startswith("slowdone-") for n in os.listdir(p.ctl))}
+            pause(p, True)
+    finally:
+        for p in pairs.values():
+            try:
+                pause(p, False)  # a stopped process ignores SIGTERM until continued
+            except ProcessLookupError:
+                pass
+            p.stop()
+    if not rows:
+        return 1
+    summary = openloop.summarize(rows, {
+        "engine": "sglang", "rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
+        "paused_when_not_measured": True, "stall_every": a.stall_every, "cancel": a.cancel,
+        "hold_s": a.hold_s, "release_deadline_s": sglang_pair.RELEASE_TIMEOUT_S,
+        "decode_tokens": a.decode_tokens, "idle": idle})
+    print(json.dumps(summary, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"summary": summary, "rounds": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
