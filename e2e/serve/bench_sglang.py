@@ -14,26 +14,38 @@ polls.
 
 The load, per round:
 
-* arrivals at ``rate`` per second (exponential gaps), each a client on its own thread;
+* arrivals at ``rate`` per second (default 0.9, exponential gaps), each a client on its
+  own thread;
 * ``cancel`` (10 %) of the clients hang up (``Pair.hang_up``: both connections closed) at a
   random point: 0.05-0.3 s after sending, or at a decode token;
-* ``stall``: every ``stall_every``-th request's KV write is slow: its prefill's transfer
-  call holds it ``hold_s`` seconds (``CTL/slow-ROOM``, ``sglang_site/sitecustomize.py``;
-  default the release deadline + 2 s) and its client hangs up once it is held (a slow link
-  and an impatient client). Stock SGLang frees the request's KV slots at its deadline and
-  hands them to later requests (through the other prefill, whose queue is not behind the
-  held write, or to decode steps); the write then lands in their KV: wrong answers, HTTP
-  200. kvfence holds the slots until the prefill ACKs the drained write.
+* ``stall``: every ``stall_every``-th (default 8th) request's KV write is slow: its
+  prefill's transfer call trickles it in, in ~40 pieces over ``hold_s`` seconds (default
+  3 s; ``CTL/slow-ROOM``, ``sglang_site/sitecustomize.py``), and its client hangs up once
+  the write has started (a congested link and an impatient client). Stock SGLang frees
+  the request's KV slots at its deadline and hands them to later requests (through the
+  other prefill, whose queue is not behind the slow write); the rest of the write then
+  lands in their KV: wrong answers, HTTP 200. kvfence holds the slots until the prefill
+  ACKs the drained write.
 
 The decode's pool is ``--decode-tokens`` KV slots (default 600: four requests and their
-decode reserve, so that freed slots are reused within seconds); the release deadline is
-SGLang's, shortened to ``sglang_pair.RELEASE_TIMEOUT_S``.
+decode reserve). SGLang's release deadline is ``--release-s`` (default 1 s; SGLang's own
+default is 30 s, the scenarios' 4 s). Both are what lets stock's race show here: SGLang
+sends every write from one prefill to one decode through one queue, so a slow write holds
+up that prefill's later requests, and they hold decode slots while they wait; with the
+scenarios' pool (300) and deadline (4 s) and a 9 s write, those requests filled the pool,
+nobody could be given the freed slots until the write was done, and stock answered no
+wrong token in 14 rounds over four tries (2026-12-06). A deadline shorter than the write is the race
+whatever its length.
 
 Reported per rule: medians over rounds of completed requests/s and generated tokens/s
 (answers in full only, each compared with the reference), tokens/s of right answers
 (``good``), the ratios kvfence / stock, wrong answers, HTTP errors, p50/p99 latency, and the
 decode's KV slots in use at idle (SGLang's own ``num_used_tokens``). ``stalled`` counts the
-slow-write faults (their clients hung up: not answers).
+slow-write faults (their clients hung up: not answers). ``exposures`` reads the servers'
+logs: the requests given a slow write's slots before it landed (the unsafe event; whether
+the answer comes out wrong depends on the landing falling inside that request's decode,
+~0.1-0.3 s here, so stock's wrong answers are a fraction of its exposures; the forced
+scenarios of ``serve_sglang.py`` pin that timing, this bench does not).
 """
 
 from __future__ import annotations
@@ -41,10 +53,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set, Tuple
 
 import model as _model
 import openloop
@@ -79,12 +92,55 @@ def client(pair: Pair, data: Dict[str, Any], hold_s: float, i: int, fault: str, 
             pair.remove(f"slow-{room}")  # never taken if the write never started
             r.count("stalled")
             return
-        out, _, _ = pair.generate(prompt, n, prefill=pf)
+        room = pair.next_room()
+        out, _, _ = pair.generate(prompt, n, prefill=pf, room=room)
     except Exception as e:  # noqa: BLE001 - counted, and the run goes on
         print(f"    {pair.rule} request {i}: {str(e)[:200]}", file=sys.stderr)
         r.count("errors")
         return
     r.answered(out, data["tokens"][i], time.perf_counter() - t0, False)
+    if out != data["tokens"][i]:
+        WRONG_ROOMS[pair.rule].add(room)
+
+
+#: Per rule, the rooms of the answers that came back wrong (for ``exposures``).
+WRONG_ROOMS: Dict[str, Set[int]] = {rule: set() for rule in RULES}
+_STAMP = r"KVFENCE-SERVE-HOOK (\d\d):(\d\d):(\d\d\.\d{3}) "
+
+
+def _seconds(m: "re.Match[str]") -> float:
+    return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+
+
+def exposures(pair: Pair) -> Dict[str, Any]:
+    """From the servers' logs (``sglang_site`` hook lines, time-stamped): for each slow
+    write, the requests SGLang's allocator gave any of its KV slots before the write
+    landed (``exposed``: a write still to come into their KV), and how many of those
+    answered wrong. Stock exposes a request whenever a slot it freed at its deadline is
+    handed out before the slow write lands; under kvfence the slots come back only after
+    the prefill's drain ACK, so nothing may be exposed."""
+    assert pair.prefill_b is not None
+    landed: Dict[int, float] = {}
+    for srv in (pair.prefill, pair.prefill_b):
+        for m in re.finditer(_STAMP + r".*slow: the write of room (\d+) done", srv.log_text()):
+            landed[int(m.group(4))] = _seconds(m)
+    allocs: List[Tuple[float, int, Set[int]]] = []
+    for m in re.finditer(_STAMP + r".*pages: room (\d+) got \d+ KV slots (\S+)", pair.decode.log_text()):
+        slots: Set[int] = set()
+        for part in m.group(5).split(","):
+            a, _, b = part.partition("-")
+            slots.update(range(int(a), int(b or a) + 1))
+        allocs.append((_seconds(m), int(m.group(4)), slots))
+    exposed: Set[int] = set()
+    for k, (_, f_room, f_slots) in enumerate(allocs):
+        if f_room not in landed:
+            continue
+        for t, room, slots in allocs[k + 1:]:
+            if t < landed[f_room] and room != f_room and slots & f_slots:
+                exposed.add(room)
+    return {"slow_writes_landed": len(landed), "exposed": len(exposed),
+            "exposed_and_wrong": len(exposed & WRONG_ROOMS[pair.rule]),
+            "wrong_not_exposed": len(WRONG_ROOMS[pair.rule] - exposed)}
 
 
 def settle(pair: Pair, timeout: float = 90.0) -> float:
@@ -115,13 +171,16 @@ def main() -> int:
     ap.add_argument("logdir")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--round-s", type=float, default=60.0)
-    ap.add_argument("--rate", type=float, default=1.0, help="arrivals per second")
-    ap.add_argument("--stall-every", type=int, default=10)
+    ap.add_argument("--rate", type=float, default=0.9, help="arrivals per second")
+    ap.add_argument("--stall-every", type=int, default=8)
     ap.add_argument("--cancel", type=float, default=0.10)
-    ap.add_argument("--hold-s", type=float, default=sglang_pair.RELEASE_TIMEOUT_S + 2.0)
+    ap.add_argument("--release-s", type=float, default=1.0,
+                    help="SGLang's deferred-release deadline (default 30 s; the scenarios' 4 s)")
+    ap.add_argument("--hold-s", type=float, default=3.0)
     ap.add_argument("--decode-tokens", type=int, default=600)
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    sglang_pair.RELEASE_TIMEOUT_S = a.release_s  # read by every Server started below
     # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
     # every server; without it the servers' processes outlive the harness.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -156,7 +215,7 @@ def main() -> int:
             2.0)
         for rule, p in pairs.items():
             pause(p, False)
-            idle[rule] = {"decode_kv_used_tokens": p.decode.used_tokens(),
+            idle[rule] = {**exposures(p), "decode_kv_used_tokens": p.decode.used_tokens(),
                           "released_anyway": p.decode.log_text().count("releasing anyway"),
                           "slow_writes_done": sum(n.startswith("slowdone-") for n in os.listdir(p.ctl))}
             pause(p, True)
@@ -172,7 +231,7 @@ def main() -> int:
     summary = openloop.summarize(rows, {
         "engine": "sglang", "rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
         "paused_when_not_measured": True, "stall_every": a.stall_every, "cancel": a.cancel,
-        "hold_s": a.hold_s, "release_deadline_s": sglang_pair.RELEASE_TIMEOUT_S,
+        "hold_s": a.hold_s, "release_deadline_s": a.release_s,
         "decode_tokens": a.decode_tokens, "idle": idle})
     print(json.dumps(summary, indent=1))
     if a.out:

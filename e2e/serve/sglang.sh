@@ -190,10 +190,14 @@ check((s["ratio_tok_per_s_median"] or 0) >= 0.98 and (s["ratio_req_per_s_median"
 check(k["wrong"] == 0 and k["errors"] == 0 and k["done"] > 0,
       "sglang throughput run: kvfence 0 wrong answers, 0 HTTP errors (%d answers, %d slow writes; stock %d wrong of %d)"
       % (k["done"], k["stalled"], st["wrong"], st["done"]))
-i = s["idle"]["kvfence"]
+i, j = s["idle"]["kvfence"], s["idle"]["stock"]
 check(i["decode_kv_used_tokens"] == 0 and i["released_anyway"] == 0,
       "sglang throughput run: kvfence's decode KV slots all back at idle (%s in use), none released on a deadline (%d)"
       % (i["decode_kv_used_tokens"], i["released_anyway"]))
+check(i["exposed"] == 0 and i["slow_writes_landed"] == k["stalled"] > 0,
+      "sglang throughput run: kvfence gave no request the slots of a slow write before it had landed "
+      "(%d requests exposed, %d slow writes; stock: %d released on the deadline, %d requests exposed, %d of them answered wrong)"
+      % (i["exposed"], i["slow_writes_landed"], j["released_anyway"], j["exposed"], j["exposed_and_wrong"]))
 PY
     else
         echo "FAIL sglang throughput: no summary (see $OUT/bench-sglang.out)" >> "$OUT/checks-sglang.txt"

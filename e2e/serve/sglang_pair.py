@@ -66,6 +66,10 @@ class Server:
                 "--dtype", "float32", "--attention-backend", "torch_native",
                 "--disable-radix-cache", "--disable-overlap-schedule", "--random-seed", "0",
                 "--skip-server-warmup", "--enable-metrics", "--max-running-requests", "4",
+                # torch.distributed's rendezvous port: SGLang picks a free one at start-up
+                # unless told, and six servers starting at once picked the same one
+                # (EADDRINUSE, a server killed: seen 2026-12-06); one per server instead
+                "--nccl-port", str(port + 20000),
                 "--disaggregation-mode", role, "--disaggregation-transfer-backend", "mooncake"]
         if role == "prefill":
             args += ["--disaggregation-bootstrap-port", str(bootstrap_port),

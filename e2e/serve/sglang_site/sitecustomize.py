@@ -18,8 +18,8 @@ modules are imported (a post-import hook, as ``kvfence.sglang``'s own start-up h
   ``CTL/hold_next``, the next call blocks until ``CTL/release`` exists, then writes and
   returns the real result: a write slower than any deadline. When the harness creates
   ``CTL/slow-ROOM`` (its text: seconds), the first transfer call of room ROOM writes
-  ``CTL/held-ROOM``, sleeps that long, writes, then writes ``CTL/slowdone-ROOM``: the
-  throughput bench's slow write, keyed by the request (the transfer worker's current room
+  ``CTL/held-ROOM``, writes it in ~40 pieces spread over that long (piece k of n at
+  (k + 1) / n of it), then writes ``CTL/slowdone-ROOM``: the throughput bench's slow write, keyed by the request (the transfer worker's current room
   is read where it takes the chunk off its queue, ``FastQueue.get``, and the call runs on
   that worker's thread).
 * **Decode pause** (decode, ``Scheduler.run_batch``): while ``CTL/pause`` exists, the
@@ -62,7 +62,11 @@ def _tell_kvfence(where: str) -> None:
 
 
 def _log(msg: str) -> None:
-    sys.stderr.write("KVFENCE-SERVE-HOOK [%s pid %d] %s\n" % (_ROLE, os.getpid(), msg))
+    import time
+
+    now = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(now)) + ".%03d" % int(now % 1 * 1000)
+    sys.stderr.write("KVFENCE-SERVE-HOOK %s [%s pid %d] %s\n" % (stamp, _ROLE, os.getpid(), msg))
     sys.stderr.flush()
 
 
@@ -134,9 +138,20 @@ def _patch_engine(mod) -> None:  # type: ignore[no-untyped-def]
             import time
 
             _write("held-%s" % room, session_id)
-            _log("slow: a write of room %s (%d blocks, %d bytes) held %s s" % (room, len(lengths), nbytes, slow))
-            time.sleep(float(slow))
-            rc = orig(self, session_id, buffers, peer_buffer_addresses, lengths)
+            # A congested link: the write trickles in, in ~40 pieces (each block cut into
+            # equal parts), piece k of n landing at (k + 1) / n of the hold: the first
+            # ones before SGLang's deadline, the rest after it, every ~0.2 s.
+            cut = max(1, 40 // max(1, len(lengths)))
+            pieces = []
+            for src, dst, ln in zip(buffers, peer_buffer_addresses, lengths):
+                step = -(-int(ln) // cut)
+                pieces += [(src + o, dst + o, min(step, int(ln) - o)) for o in range(0, int(ln), step)]
+            n, t0, rc = len(pieces), time.time(), 0
+            _log("slow: a write of room %s (%d blocks, %d bytes) trickling in %d pieces over %s s"
+                 % (room, len(lengths), nbytes, n, slow))
+            for k, (src, dst, ln) in enumerate(pieces):
+                time.sleep(max(0.0, t0 + float(slow) * (k + 1) / n - time.time()))
+                rc = rc or orig(self, session_id, [src], [dst], [ln])
             _log("slow: the write of room %s done (rc %s)" % (room, rc))
             _write("slowdone-%s" % room, str(rc))
             return rc
