@@ -32,9 +32,9 @@ decode reserve). SGLang's release deadline is ``--release-s`` (default 1 s; SGLa
 default is 30 s, the scenarios' 4 s). Both are what lets stock's race show here: SGLang
 sends every write from one prefill to one decode through one queue, so a slow write holds
 up that prefill's later requests, and they hold decode slots while they wait; with the
-scenarios' pool (300) and deadline (4 s) and a 9 s write, those requests filled the pool,
-nobody could be given the freed slots until the write was done, and stock answered no
-wrong token in 14 rounds over four tries (2026-12-06). A deadline shorter than the write is the race
+scenarios' deadline (4 s), writes of 6-9 s and pools of 300 or 600 slots, those requests
+filled the pool, nobody could be given the freed slots in time, and stock answered no
+wrong token in 19 rounds over seven tries (2026-12-06). A deadline shorter than the write is the race
 whatever its length.
 
 Reported per rule: medians over rounds of completed requests/s and generated tokens/s
