@@ -217,7 +217,13 @@ def main() -> int:
             pause(p, False)
             idle[rule] = {**exposures(p), "decode_kv_used_tokens": p.decode.used_tokens(),
                           "released_anyway": p.decode.log_text().count("releasing anyway"),
-                          "slow_writes_done": sum(n.startswith("slowdone-") for n in os.listdir(p.ctl))}
+                          "slow_writes_done": sum(n.startswith("slowdone-") for n in os.listdir(p.ctl)),
+                          # sglang_site's line per process: is kvfence.sglang installed here
+                          "kvfence_installed": {flag: sum(
+                              s.log_text().count("installed in this process (%s): %s" % (where, flag))
+                              for s in (p.prefill, p.prefill_b, p.decode) if s is not None
+                              for where in ("prefill transfer", "decode pre-allocation"))
+                              for flag in ("True", "False")}}
             pause(p, True)
     finally:
         for p in pairs.values():

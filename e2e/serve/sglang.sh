@@ -194,6 +194,12 @@ i, j = s["idle"]["kvfence"], s["idle"]["stock"]
 check(i["decode_kv_used_tokens"] == 0 and i["released_anyway"] == 0,
       "sglang throughput run: kvfence's decode KV slots all back at idle (%s in use), none released on a deadline (%d)"
       % (i["decode_kv_used_tokens"], i["released_anyway"]))
+check(i["kvfence_installed"]["True"] > 0 and i["kvfence_installed"]["False"] == 0
+      and j["kvfence_installed"]["False"] > 0 and j["kvfence_installed"]["True"] == 0,
+      "sglang throughput run: kvfence.sglang installed in every kvfence server process that wrote or allocated KV "
+      "(%d say so, %d not) and in no stock one (%d not, %d say so)"
+      % (i["kvfence_installed"]["True"], i["kvfence_installed"]["False"],
+         j["kvfence_installed"]["False"], j["kvfence_installed"]["True"]))
 check(i["exposed"] == 0 and i["slow_writes_landed"] == k["stalled"] > 0,
       "sglang throughput run: kvfence gave no request the slots of a slow write before it had landed "
       "(%d requests exposed, %d slow writes; stock: %d released on the deadline, %d requests exposed, %d of them answered wrong)"
