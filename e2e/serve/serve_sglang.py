@@ -103,7 +103,8 @@ def normal(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
         _go(pair, data, (run * 4 + k) % len(data["prompts"]), t)
 
 
-_PAGES = re.compile(r"KVFENCE-SERVE-HOOK \[decode pid \d+\] pages: room (\d+) got \d+ KV slots ([0-9,-]+)")
+# sglang_site's page log: "KVFENCE-SERVE-HOOK HH:MM:SS.mmm [decode pid N] pages: room R got ..."
+_PAGES = re.compile(r"KVFENCE-SERVE-HOOK [0-9:.]+ \[decode pid \d+\] pages: room (\d+) got \d+ KV slots ([0-9,-]+)")
 
 
 def slots_of(pair: Pair, room: int) -> Optional[Set[int]]:
