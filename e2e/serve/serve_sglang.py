@@ -76,13 +76,15 @@ class Tally(tally.Tally):
         self.landed = 0
         self.cancelled = 0
         self.fenced = 0
+        self.slots_read = 0  # faults whose KV slots the page log gave (else no victim can be seen)
         self.notes: List[str] = []
 
     def row(self) -> Dict[str, Any]:
         return {**super().row(), "faulted": self.faulted,
                 "faulted_answered": self.faulted_answered, "victims": self.victims,
                 "victim_overlap_slots": self.overlap, "late_writes_landed": self.landed,
-                "cancelled": self.cancelled, "fenced": self.fenced, "notes": self.notes}
+                "cancelled": self.cancelled, "fenced": self.fenced,
+                "faulted_slots_read": self.slots_read, "notes": self.notes}
 
 
 def _go(pair: Pair, data: Dict[str, Any], i: int, t: Tally, room: Optional[int] = None,
@@ -126,6 +128,7 @@ def _victims(pair: Pair, data: Dict[str, Any], t: Tally, run: int, f_slots: Set[
     harness creates CTL/``go`` (F's bytes land) and waits for CTL/``done`` before the
     decode resumes. With no victim within pool/100 + 1 requests (kvfence holds F's slots),
     the bytes land during the last one."""
+    t.slots_read += bool(f_slots)
     n = len(data["prompts"])
     k = 0
     while True:

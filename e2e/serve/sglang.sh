@@ -112,6 +112,11 @@ for r in rows:
     # slots this scenario left in use (an earlier one on the same pair may hold some)
     at = r["kv_used_tokens_at_idle"]
     left = (at if at is not None else 10**9) - (r.get("kv_used_tokens_before") or 0)
+    if r["racing"]:
+        # without F's slots from the page log, "nobody was given them" would hold vacuously
+        check(r["faulted_slots_read"] == r["faulted"] > 0,
+              "%s: the decode's page log gave the faulted request's KV slots (%d of %d faults)"
+              % (tag, r["faulted_slots_read"], r["faulted"]))
     if r["rule"] == "stock" and r["racing"]:
         check(left == 0, "%s: the decode's KV slots back at idle (%d left in use)" % (tag, left))
         check(r["wrong_tokens"] > 0 and r["victims"] > 0,
