@@ -19,9 +19,9 @@ modules are imported (a post-import hook, as ``kvfence.sglang``'s own start-up h
   returns the real result: a write slower than any deadline. When the harness creates
   ``CTL/slow-ROOM`` (its text: seconds), the first transfer call of room ROOM writes
   ``CTL/held-ROOM``, writes it in ~40 pieces spread over that long (piece k of n at
-  (k + 1) / n of it), then writes ``CTL/slowdone-ROOM``: the throughput bench's slow write, keyed by the request (the transfer worker's current room
-  is read where it takes the chunk off its queue, ``FastQueue.get``, and the call runs on
-  that worker's thread).
+  (k + 1) / n of it), then writes ``CTL/slowdone-ROOM``: the throughput bench's slow
+  write, keyed by the request (the transfer worker's current room is read where it takes
+  the chunk off its queue, ``FastQueue.get``, and the call runs on that worker's thread).
 * **Decode pause** (decode, ``Scheduler.run_batch``): while ``CTL/pause`` exists, the
   decode's scheduler stops before its next decode step, after writing ``CTL/paused``
   (the rooms of the running requests). Its Mooncake receiver keeps running (other
@@ -30,7 +30,8 @@ modules are imported (a post-import hook, as ``kvfence.sglang``'s own start-up h
 * **Page log** (decode, ``DecodePreallocQueue._pre_alloc``): each request's room and the
   KV slots it was given, for the evidence that a victim got the failed request's pages.
 
-Every hook logs a line starting with ``KVFENCE-SERVE-HOOK``.
+Every hook logs a line starting with ``KVFENCE-SERVE-HOOK HH:MM:SS.mmm [ROLE pid N]``
+(``serve_sglang._PAGES`` and ``bench_sglang.exposures`` parse it).
 """
 
 from __future__ import annotations
