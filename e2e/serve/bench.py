@@ -36,7 +36,6 @@ latency, HTTP errors, and each pair's KV usage once idle.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -166,10 +165,7 @@ def main() -> int:
         "paused_when_not_measured": not a.no_pause, "stall_every": a.stall_every,
         "cancel": a.cancel, "lease_s": a.lease_s, "hold_s": a.lease_s + HOLD_EXTRA_S,
         "prefill_blocks": a.blocks, "idle_kv_usage": idle})
-    print(json.dumps(summary, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"summary": summary, "rounds": rows}, f, indent=1)
+    openloop.report(summary, rows, a.out)
     return 0
 
 

@@ -51,7 +51,6 @@ scenarios of ``serve_sglang.py`` pin that timing, this bench does not).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -239,10 +238,7 @@ def main() -> int:
         "paused_when_not_measured": True, "stall_every": a.stall_every, "cancel": a.cancel,
         "hold_s": a.hold_s, "release_deadline_s": a.release_s,
         "decode_tokens": a.decode_tokens, "idle": idle})
-    print(json.dumps(summary, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump({"summary": summary, "rounds": rows}, f, indent=1)
+    openloop.report(summary, rows, a.out)
     return 0
 
 

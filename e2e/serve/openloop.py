@@ -143,3 +143,11 @@ def summarize(rows: Dict[str, List[Dict[str, Any]]], extra: Dict[str, Any],
         b = summary[baseline][key]
         summary["ratio_" + key] = round(summary[rule][key] / b, 3) if b else None
     return summary
+
+
+def report(summary: Dict[str, Any], rows: Dict[str, List[Dict[str, Any]]], out: str) -> None:
+    """Prints ``summary``; writes it with every round's row to ``out`` (JSON) if given."""
+    print(json.dumps(summary, indent=1))
+    if out:
+        with open(out, "w") as f:
+            json.dump({"summary": summary, "rounds": rows}, f, indent=1)
