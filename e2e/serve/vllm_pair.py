@@ -35,6 +35,9 @@ import requests
 LEASE_S = 5.0
 PREFILL_BLOCKS = 5  # one null block + four of 32 tokens: room for one 100-token prompt
 
+#: The harness's start-up hooks for vLLM servers (a CPU workaround; see its docstring).
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_site")
+
 
 class Server:
     """One vLLM server process (its log in ``logdir``)."""
@@ -66,6 +69,11 @@ class Server:
                    UCX_TLS="tcp", UCX_NET_DEVICES="lo", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port),
                    VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1",
+                   # The harness's CPU workaround for NIXL's spinning progress thread
+                   # (vllm_site/sitecustomize.py), in both rules' servers.
+                   KVFENCE_SERVE_VLLM_SITE="1",
+                   PYTHONPATH=os.pathsep.join(
+                       p for p in (_SITE, os.environ.get("PYTHONPATH", "")) if p),
                    VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         self.log_path = os.path.join(logdir, f"{name}.log")
         self.args, self.env = args, env
