@@ -23,15 +23,44 @@ so a run can show the workaround was in force in both rules' servers. Set
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import sys
+from types import ModuleType
+from typing import Optional, Sequence
+
+
+class _AfterNixl(importlib.abc.MetaPathFinder):
+    """One shot: runs :func:`_install` right after the ``nixl`` package has been imported
+    (by vLLM, when it wants it). Importing NIXL here at start-up instead would come before
+    vLLM sets ``UCX_RCACHE_MAX_UNRELEASED`` (``vllm.distributed.nixl_utils``, "NIXL was
+    already imported"), changing UCX's settings for the servers: the hook must not."""
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
+                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != "nixl":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # find the real spec without us
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        orig_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            orig_exec(module)
+            _install()
+
+        setattr(spec.loader, "exec_module", exec_module)
+        return spec
 
 
 def _install() -> None:
-    try:
-        import nixl._api as api  # the real nixl_cuXX._api, injected by nixl/__init__
-    except Exception as exc:  # not a vLLM + NIXL environment: nothing to do
-        print(f"KVFENCE-SERVE-VLLM-SITE nixl not importable ({exc!r}): no workaround",
+    api = sys.modules.get("nixl._api")  # the real nixl_cuXX._api, set by nixl/__init__
+    if api is None:
+        print("KVFENCE-SERVE-VLLM-SITE nixl._api not set by nixl: no workaround",
               file=sys.stderr, flush=True)
         return
     bind = api.nixlBind
@@ -55,4 +84,4 @@ def _install() -> None:
 
 
 if os.environ.get("KVFENCE_SERVE_VLLM_SITE") == "1":
-    _install()
+    sys.meta_path.insert(0, _AfterNixl())
