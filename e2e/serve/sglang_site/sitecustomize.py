@@ -252,35 +252,9 @@ _HOOKS = {
 }
 
 
-def _arm(hooks) -> None:  # type: ignore[no-untyped-def]
-    import importlib.abc
-    import importlib.util
-
-    class _After(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-            fn = hooks.get(fullname)
-            if fn is None:
-                return None
-            sys.meta_path.remove(self)
-            try:
-                spec = importlib.util.find_spec(fullname)
-            finally:
-                sys.meta_path.insert(0, self)
-            if spec is None or spec.loader is None:
-                return spec
-            loader = spec.loader
-            orig_exec = loader.exec_module
-
-            def exec_module(module):  # type: ignore[no-untyped-def]
-                orig_exec(module)
-                hooks.pop(fullname, None)
-                fn(module)
-
-            loader.exec_module = exec_module  # type: ignore[method-assign]
-            return spec
-
-    sys.meta_path.insert(0, _After())
-
-
 if _CTL and _ROLE in _HOOKS:
-    _arm(dict(_HOOKS[_ROLE]))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "site_common"))
+    from serve_posthook import arm
+
+    arm(_HOOKS[_ROLE])

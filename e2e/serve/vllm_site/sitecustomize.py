@@ -23,41 +23,12 @@ so a run can show the workaround was in force in both rules' servers. Set
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 from types import ModuleType
-from typing import Optional, Sequence
 
 
-class _AfterNixl(importlib.abc.MetaPathFinder):
-    """One shot: runs :func:`_install` right after the ``nixl`` package has been imported
-    (by vLLM, when it wants it). Importing NIXL here at start-up instead would come before
-    vLLM sets ``UCX_RCACHE_MAX_UNRELEASED`` (``vllm.distributed.nixl_utils``, "NIXL was
-    already imported"), changing UCX's settings for the servers: the hook must not."""
-
-    def find_spec(self, fullname: str, path: Optional[Sequence[str]],
-                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != "nixl":
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)  # find the real spec without us
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        orig_exec = spec.loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            orig_exec(module)
-            _install()
-
-        setattr(spec.loader, "exec_module", exec_module)
-        return spec
-
-
-def _install() -> None:
+def _install(_nixl: ModuleType) -> None:
     api = sys.modules.get("nixl._api")  # the real nixl_cuXX._api, set by nixl/__init__
     if api is None:
         print("KVFENCE-SERVE-VLLM-SITE nixl._api not set by nixl: no workaround",
@@ -84,4 +55,11 @@ def _install() -> None:
 
 
 if os.environ.get("KVFENCE_SERVE_VLLM_SITE") == "1":
-    sys.meta_path.insert(0, _AfterNixl())
+    # Right after vLLM imports the nixl package (which sets nixl._api), never before:
+    # importing NIXL here would precede vLLM's UCX_RCACHE_MAX_UNRELEASED ("NIXL was
+    # already imported") and change UCX's settings for the servers.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "site_common"))
+    from serve_posthook import arm
+
+    arm({"nixl": _install})
