@@ -457,6 +457,7 @@ impl TransferGuard<'_> {
     /// Ends the transfer as completed. Returns the release if this was the last hold of a
     /// closing room (queued instead with [`Config::release_queue`](crate::Config)).
     #[must_use = "a release must be acted on"]
+    #[inline] // the hot path's other half (`begin_transfer` is inline too)
     pub fn complete(self) -> Option<Released> {
         let this = core::mem::ManuallyDrop::new(self);
         this.table
