@@ -32,8 +32,9 @@ Scenarios (SGLang pushes: the prefill WRITEs into the decode's pages over Moonca
   later requests through prefill B (see the function).
 * ``client_disconnect``: six concurrent clients, every other one hanging up at a random
   point (not forced; see the function).
-* ``prefill_killed``: F's write held on prefill B, B killed -9 and started again; the
-  dead writer's slots must come back (see the function).
+* ``prefill_killed``: F's write from prefill B on the wire (held there by a packet
+  filter, ``inflight.py``) when B is killed -9; the bytes land after SGLang's deadline,
+  into a later request's slots under stock (see the function).
 
 Per scenario and rule: requests (F not counted: it is the fault), wrong-token requests,
 HTTP errors, p50/p99 latency, the decode's KV slots in use at idle (SGLang's own
@@ -52,8 +53,9 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+import inflight
 import model as _model
 import sglang_pair
 import tally
@@ -122,12 +124,18 @@ def slots_of(pair: Pair, room: int) -> Optional[Set[int]]:
 
 
 def _victims(pair: Pair, data: Dict[str, Any], t: Tally, run: int, f_slots: Set[int],
-             go: str, done: str, prefill: Any = None) -> None:
+             go: str, done: str, prefill: Any = None,
+             land_now: Optional[Callable[[], bool]] = None) -> None:
     """Requests one at a time (through ``prefill``), each paused by the decode before its
     first decode step; the first one SGLang gave any of F's slots is the victim: the
     harness creates CTL/``go`` (F's bytes land) and waits for CTL/``done`` before the
-    decode resumes. With no victim within pool/100 + 1 requests (kvfence holds F's slots),
-    the bytes land during the last one."""
+    decode resumes (or calls ``land_now()``, which makes them land and says whether they
+    did). With no victim within pool/100 + 1 requests (kvfence holds F's slots), the bytes
+    land during the last one."""
+    if land_now is None:
+        def land_now() -> bool:
+            pair.touch(go)
+            return pair.wait_ctl(done, 60)
     t.slots_read += bool(f_slots)
     n = len(data["prompts"])
     k = 0
@@ -141,7 +149,7 @@ def _victims(pair: Pair, data: Dict[str, Any], t: Tally, run: int, f_slots: Set[
         th.start()
         if not pair.wait_ctl("paused", 120):
             pair.remove("pause")
-            pair.touch(go)  # never leave F's write waiting (it would wedge the prefill)
+            land_now()  # never leave F's write waiting (it would wedge the prefill)
             th.join(300)
             t.notes.append(f"request {i} never reached a decode step")
             break
@@ -149,8 +157,7 @@ def _victims(pair: Pair, data: Dict[str, Any], t: Tally, run: int, f_slots: Set[
         hit = len(mine & f_slots)
         land = hit > 0 or k >= pair.decode_tokens // 100 + 1
         if land:
-            pair.touch(go)
-            if not pair.wait_ctl(done, 60):
+            if not land_now():
                 t.notes.append("the late write did not land")
             else:
                 t.landed += 1
@@ -263,40 +270,96 @@ def deadline_expired(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> No
 
 
 def prefill_killed(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
-    """F through the second prefill instance, its KV write held inside the transfer call
-    (``CTL/hold_next``); that prefill is killed -9 (its whole process group) while the
-    write is held; then four requests through the first prefill, one after another, and
-    the killed one is started again. F fails under both rules. SGLang's decode learns of
-    the death from its heartbeat: stock frees F's slots then; kvfence fences the dead
-    prefill's ranks once no socket from it is left (its proof that nothing of it can
-    land), then frees them. Not a race stock loses here: the held write dies before a
-    byte of it reaches a socket (bytes already in a socket's buffer would still land
-    after the kill; nothing on this box makes that ordering happen on purpose). What it
-    checks: a dead writer's pages come back, later requests are right, nothing hangs."""
+    """F's KV write from the second prefill instance (B) is on the wire when B is killed -9,
+    and lands after SGLang's decode gave up on it.
+
+    1. A request through B, so that B's Mooncake transport to the decode is set up (its
+       handshake done; a right answer, counted).
+    2. F through B, its write held inside the transfer call (``CTL/hold_next``); the
+       harness then holds B's data packets to the decode on the wire (``inflight``: an
+       nftables rule on B's cgroup: what a congested link does) and lets the write go, so
+       F's bytes sit in B's socket, sent and not acknowledged; B's whole process group is
+       killed -9. The kernel keeps retransmitting them for the dead process (an orphan
+       socket), and F fails under both rules.
+    3. SGLang's decode learns of the death from its heartbeat ("Lost connection with
+       prefill instance"). Stock then frees F's slots at its deadline ("releasing
+       anyway"); kvfence keeps them held: its teardown proof counts the decode's socket
+       from B, whose other end is an orphan full of F's bytes.
+    4. Requests through prefill A one at a time, each paused before its first decode step
+       (``_victims``): the first one SGLang gave F's slots is the victim; the harness lifts
+       the hold and waits until every byte B sent was acknowledged and read by the
+       decode (``ss``: no send-q on B's sockets, no recv-q on the decode's), then lets the
+       victim decode. Stock: wrong from the token where F's bytes land, HTTP 200.
+       kvfence: nobody is given F's slots (the bytes land on held slots), then the
+       decode's socket from B closes, kvfence proves the teardown, fences B's ranks and
+       frees them: 0 slots left at idle.
+    5. B is started again.
+
+    Without the means for step 2 (root, ``nft``, cgroup v2: ``inflight.unavailable``) the
+    scenario runs without the race (B killed while its write is still held in the
+    transfer call, before a byte of it reaches a socket) and says so: it then checks only
+    that a dead writer's pages come back and later requests are right."""
     n = len(data["prompts"])
-    assert pair.prefill_b is not None, "prefill_killed needs the second prefill instance"
-    for f in ("hold_next", "held", "release", "held_done"):
+    b = pair.prefill_b
+    assert b is not None, "prefill_killed needs the second prefill instance"
+    for f in ("hold_next", "held", "release", "held_done", "pause", "paused"):
         pair.remove(f)
-    f_idx, f_room = (run * 7 + 5) % n, pair.next_room()
-    victim = pair.prefill_b
     d_mark = len(pair.decode.log_text())
-    held = _send_held(pair, data, t, f_idx, f_room, prefill=victim)
+    raced = pair.b_cgroup is not None
+    if raced:
+        _go(pair, data, (run * 7 + 3) % n, t, prefill=b)
+    f_idx, f_room = (run * 7 + 5) % n, pair.next_room()
+    held = _send_held(pair, data, t, f_idx, f_room, prefill=b)
     if held is None:
         return
     fth, fres, f_slots = held
-    victim.signal(signal.SIGKILL)
+    hold: Optional[inflight.Hold] = None
+    sent: Dict[Any, int] = {}
+    if raced:
+        assert pair.b_cgroup is not None
+        ports = inflight.listening_ports(pair.decode.proc.pid) - {pair.decode.port}
+        hold = inflight.Hold(pair.b_cgroup, ports)
+        pair.touch("release")  # B writes F's KV now; its data segments stay on the wire
+        inflight.wait(lambda: bool(inflight.unsent(b.proc.pid, ports)), 30)
+        sent = inflight.unsent(b.proc.pid, ports)
+        if not sent:
+            t.notes.append("F's bytes never queued on B's sockets (the race was not set up)")
+    b.signal(signal.SIGKILL)
     fth.join(300)
     if "out" in fres:
         t.faulted_answered += 1
         t.notes.append("F answered although its prefill was killed")
-    fenced = pair.decode.wait_log("kvfence: fenced prefill", 60.0, d_mark) if pair.rule == "kvfence" else False
-    print(f"    [{pair.rule}] F (room {f_room}, {len(f_slots)} slots): prefill B killed -9 mid-write; "
-          f"F {'answered' if 'out' in fres else 'failed: ' + fres.get('error', '?')}"
-          f"{'; kvfence fenced the dead prefill' if fenced else ''}", flush=True)
-    if fenced:
-        t.fenced += 1
-    for k in range(4):
-        _go(pair, data, (run * 4 + k + 3) % n, t)
+    if hold is None:
+        t.notes.append("not raced: " + str(inflight.unavailable()))
+        fenced = pair.decode.wait_log("kvfence: fenced prefill", 60.0, d_mark) if pair.rule == "kvfence" else False
+        t.fenced += fenced
+        print(f"    [{pair.rule}] F (room {f_room}): prefill B killed -9 with its write held in the "
+              f"transfer call (not raced: {inflight.unavailable()})", flush=True)
+        for k in range(4):
+            _go(pair, data, (run * 4 + k + 3) % n, t)
+    else:
+        lost = pair.decode.wait_log("Lost connection with prefill instance", 60.0, d_mark)
+        released = pair.decode.wait_log(f"room {f_room} timed out", RELEASE_TIMEOUT_S + 6.0, d_mark)
+        print(f"    [{pair.rule}] F (room {f_room}, {len(f_slots)} slots): prefill B killed -9 with "
+              f"{sum(sent.values())} bytes of it on the wire ({hold.dropped()} packets held); "
+              f"{'heartbeat lost; ' if lost else ''}"
+              f"{'released anyway by SGLang' if released else 'still held after its deadline'}", flush=True)
+
+        def land_now() -> bool:
+            assert hold is not None
+            hold.lift()
+            return inflight.wait(lambda: inflight.delivered(sent), 120.0)
+
+        _victims(pair, data, t, run, f_slots, "", "", land_now=land_now)
+        hold.lift()
+        if pair.rule == "kvfence":
+            fenced = pair.decode.wait_log("kvfence: fenced prefill", 60.0, d_mark)
+            t.fenced += fenced
+            if not fenced:
+                left = inflight.sockets_of(sent)
+                print(f"    [{pair.rule}] not fenced 60 s after F's bytes landed; sockets of B's "
+                      f"connections left: {left or 'none'}", flush=True)
+                t.notes.append(f"not fenced; sockets left: {left}")
     for f in ("hold_next", "held", "release", "held_done"):
         pair.remove(f)
     up = pair.restart_prefill_b()
@@ -394,7 +457,7 @@ def main() -> int:
     # deadline_expired's F while its write is held: room for them and one more request
     # (100 + 24 + 32 reserved), the same pool for both rules.
     tokens = (sglang_pair.DECODE_TOKENS + (100 * (a.runs - 1) if "write_failed" in a.scenarios else 0)
-              + (100 if "deadline_expired" in a.scenarios else 0))
+              + (100 if "deadline_expired" in a.scenarios or "prefill_killed" in a.scenarios else 0))
     two = "deadline_expired" in a.scenarios or "prefill_killed" in a.scenarios
     pairs = {rule: Pair(rule, data["model"], a.logdir, sys.executable, 8300 + 10 * k, tokens, two)
              for k, rule in enumerate(rules)}
@@ -409,7 +472,8 @@ def main() -> int:
                 before = pair.decode.used_tokens()  # slots an earlier scenario left held
                 for run in range(a.runs):
                     SCENARIOS[name](pair, data, t, run)
-                row = dict(engine="sglang", scenario=name, rule=rule, racing=name in RACING,
+                racing = name in RACING or (name == "prefill_killed" and pair.b_cgroup is not None)
+                row = dict(engine="sglang", scenario=name, rule=rule, racing=racing,
                            kv_used_tokens_before=before,
                            **idle(pair, before or 0), **t.row(), seconds=round(time.time() - t0, 1))
                 table.append(row)

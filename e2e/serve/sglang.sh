@@ -135,7 +135,14 @@ for r in rows:
     else:
         check(r["wrong_tokens"] == 0 and r["http_errors"] == 0 and r["requests"] > 0,
               "%s: 0 wrong tokens, 0 HTTP errors (%s)" % (tag, n))
-        if r["scenario"] == "deadline_expired":
+        if r["scenario"] == "prefill_killed" and r["racing"]:
+            check(r["victims"] == 0 and r["late_writes_landed"] == r["faulted"],
+                  "%s: nobody was given the killed prefill's request's slots while its bytes were on the wire (%d of %d landed on held slots)"
+                  % (tag, r["late_writes_landed"], r["faulted"]))
+            check(r["fenced"] == r["faulted"] and left == 0,
+                  "%s: once they landed and the socket closed, kvfence fenced the dead prefill (%d of %d kills) and its slots came back (%d left in use)"
+                  % (tag, r["fenced"], r["faulted"], left))
+        elif r["scenario"] == "deadline_expired":
             check(r["victims"] == 0 and r["late_writes_landed"] == r["faulted"],
                   "%s: nobody was given the aborted request's slots while its write was in flight (%d of %d writes done on held slots)"
                   % (tag, r["late_writes_landed"], r["faulted"]))

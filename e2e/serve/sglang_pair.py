@@ -38,6 +38,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import requests
 
+import inflight
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE = os.path.join(HERE, "sglang_site")
 
@@ -57,7 +59,7 @@ class Server:
 
     def __init__(self, name: str, role: str, port: int, rule: str, model: str, logdir: str,
                  python: str, ctl: str, bootstrap_port: int = 0, decode_tokens: int = DECODE_TOKENS,
-                 extra_env: Optional[Dict[str, str]] = None) -> None:
+                 extra_env: Optional[Dict[str, str]] = None, cgroup: Optional[str] = None) -> None:
         self.name, self.role, self.port, self.rule = name, role, port, rule
         self.bootstrap_port = bootstrap_port
         self.url = f"http://127.0.0.1:{port}"
@@ -98,6 +100,12 @@ class Server:
         env.update(extra_env or {})
         self.log_path = os.path.join(logdir, f"{name}.log")
         self.log = open(self.log_path, "w")
+        #: the cgroup (v2) it runs in, if any (``inflight``: its packets can be held)
+        self.cgroup = cgroup
+        if cgroup is not None:
+            # into the cgroup before exec, so every process it forks is in it too
+            args = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"',
+                    inflight.cgroup(cgroup)] + args
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -188,9 +196,12 @@ class Pair:
         # A second prefill instance (its own process, bootstrap server and transfer queue),
         # so that a write held on the first and a later request's write can race.
         self.prefill_b: Optional[Server] = None
+        #: the second prefill's cgroup (``inflight``), or None where holds cannot be made
+        self.b_cgroup = None if inflight.unavailable() else f"kvfence-serve-{rule}-b"
         if second_prefill:
             self.prefill_b = Server(f"sglang-{rule}-prefill-b", "prefill", base_port + 2, rule, model,
-                                    logdir, python, self.ctl, bootstrap_port=base_port + 102)
+                                    logdir, python, self.ctl, bootstrap_port=base_port + 102,
+                                    cgroup=self.b_cgroup)
         self._room = int(time.time()) % 100000 * 1000
         self._room_lock = threading.Lock()  # next_room is called from clients' threads
 
@@ -204,7 +215,7 @@ class Pair:
         t0 = time.time()
         self.prefill_b = Server(f"{old.name}-r{self._restarts}", "prefill", old.port, self.rule,
                                 self.model, self.logdir, self.python, self.ctl,
-                                bootstrap_port=old.bootstrap_port)
+                                bootstrap_port=old.bootstrap_port, cgroup=self.b_cgroup)
         self.prefill_b.wait_ready(timeout)
         return time.time() - t0
 

@@ -561,6 +561,43 @@ def test_a_fence_waits_for_sent_requests_to_the_dead_prefill(monkeypatch):
     assert h is not None and gate.records[h].writers == []
 
 
+def test_the_fence_reads_the_live_instances_at_each_poll(monkeypatch):
+    """The proof's ``others`` (the rank endpoints of the live prefill instances, whose
+    sockets on a host shared with the dead one do not count) is read from SGLang's
+    connection pool at every poll, not once at the heartbeat failure. Found on a real pair
+    (issue 41, ``prefill_killed`` with its bytes on the wire): the decode had talked only
+    to the prefill that died, the requests after it went to another instance on the same
+    host, and that instance's Mooncake sockets kept the dead one's room held until it was
+    restarted, and then for good. Here the pool is empty at the failure; a second
+    instance joins it later; the stub proof holds only once it is told about it."""
+    monkeypatch.setattr(ks._state, "config", ks.Config(teardown_poll=0.02))
+    monkeypatch.setattr(kdec, "_SUCCESS", "Success")
+    gate, mgr = _gate()
+    seen = []
+
+    def proof(host, eps, others=()):
+        seen.append(list(others))
+        return ("127.0.0.9", 17001) in others
+
+    gate.proof = proof
+    r = _recv(mgr, 1)
+    _send(r, list(range(4)), 0, None)
+    mgr.request_status = {1: "Failed"}
+    mgr.connection_lock = threading.Lock()
+    mgr.connection_pool = {_ADDR + "_0_0": [{"rank_ip": "10.0.0.1", "rank_port": 7000}]}
+    mgr.addr_to_rooms_tracker = {_ADDR: {1}}
+    kdec._handle_node_failure(lambda self, addr: None)(mgr, _ADDR)  # SGLang's method a stub
+    time.sleep(0.2)  # ~10 polls
+    assert gate.fenced_ranks == 0 and seen and all(o == [] for o in seen)
+    with mgr.connection_lock:
+        mgr.connection_pool["127.0.0.9:8998_0_0"] = [{"rank_ip": "127.0.0.9", "rank_port": 17001}]
+    deadline = time.monotonic() + 10
+    while gate.fenced_ranks < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gate.fenced_ranks == 2, "the fence never saw the instance that joined after the failure"
+    assert seen[-1] == [("127.0.0.9", 17001)]
+
+
 def test_a_fence_gives_up_when_no_sent_request_is_left(monkeypatch):
     """...and with every tracked request successful or cleared, and no room open, the
     thread ends without a proof (a live prefill is never fenced)."""

@@ -368,6 +368,36 @@ def test_fence_prefill_fences_ranks_the_heartbeat_retired(
         srv.close()
 
 
+def test_fence_prefill_of_a_restarted_prefill_fences_only_the_old_instance(
+        monkeypatch: pytest.MonkeyPatch, _freed: List[str]) -> None:
+    """A prefill killed and restarted on the same address before its old transport was
+    proven torn down (its endpoint accepts again: here the listening socket stands for
+    the new instance): the old instance's room stays held. ``fence_prefill(addr,
+    current=False)`` fences the ranks the heartbeat retired, not the new instance's: a
+    request the new instance serves, aborted and held, stays held (its writer is live);
+    the default (``current=True``) would have fenced it too."""
+    monkeypatch.setattr(_state, "config", ks.Config(teardown_poll=0.02))
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    addr = "127.0.0.1:%d" % srv.getsockname()[1]
+    try:
+        d = Decode(prefill=addr)
+        a = d.request(47, "A")
+        d.abort_and_hold([a])
+        d.mgr._handle_node_failure(addr)  # old instance declared dead, ranks retired
+        time.sleep(0.2)
+        b = d.request(48, "B")  # the restarted instance: new kvfence ids
+        d.abort_and_hold([b])
+        d.q.resolve_deferred_releases()
+        assert d.gate is not None and sorted(d.held()) == ["A", "B"]
+        assert ks.fence_prefill(addr, "restarted", current=False) == 1
+        d.q.resolve_deferred_releases()
+        assert _freed == ["A"] and d.held() == ["B"]
+    finally:
+        srv.close()
+
+
 # -- item 5: uninstall never strands held rooms --------------------------------------------
 
 

@@ -285,7 +285,8 @@ def uninstall(force: bool = False) -> None:
         logger.info("kvfence.sglang uninstalled")
 
 
-def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator") -> int:
+def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator", *,
+                  current: bool = True) -> int:
     """Fences every rank of the prefill instance at ``bootstrap_addr`` on every decode
     gate of this process, *now*; returns how many rooms that released.
 
@@ -296,10 +297,20 @@ def fence_prefill(bootstrap_addr: str, why: str = "fenced by the operator") -> i
 
     Also after the heartbeat declared that prefill dead (which retired its ranks and
     waits, or gave up waiting, for a proof that never comes for a powered-off host): the
-    ranks retired and not fenced yet are kept per address, and fenced here."""
+    ranks retired and not fenced yet are kept per address, and fenced here.
+
+    ``current=False`` fences only those retired ranks, not the ids of the instance that
+    serves ``bootstrap_addr`` now: for a prefill that was **restarted on the same
+    address** before its old transport was proven torn down (the new instance's
+    endpoints accept, so that proof cannot hold), once the caller knows the old process
+    is gone. The restarted instance's rooms are left to its own ACKs.
+
+    >>> fence_prefill("10.0.0.7:8998", "old process gone, restarted", current=False)  # doctest: +SKIP
+    """
     total = 0
     for g in list(_state.decode_gates):
-        g.retire(bootstrap_addr)  # the instance's current ids join the retired ones
+        if current:
+            g.retire(bootstrap_addr)  # the instance's current ids join the retired ones
         ranks = g.unfenced(bootstrap_addr)
         if ranks:
             total += g.fence(bootstrap_addr, ranks, why)

@@ -92,14 +92,14 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple, Union
 
 import kvfence
 
 from . import _state
 from ._patching import require_params
 from ._state import RankRegistry, logger
-from .teardown import mooncake_tcp_torn_down
+from .teardown import mooncake_tcp_torn_down, not_torn_down
 
 __all__ = ["DecodeGate", "RoomRecord", "patches"]
 
@@ -436,7 +436,8 @@ class DecodeGate:
     def node_failed(self, addr: str, affected: Iterable[int] = (),
                     status: Optional[Dict[int, Any]] = None,
                     rank_hosts: Iterable[str] = (),
-                    others: Iterable[Tuple[str, int]] = ()) -> None:
+                    others: Union[Iterable[Tuple[str, int]],
+                                  Callable[[], Iterable[Tuple[str, int]]]] = ()) -> None:
         """The heartbeat declared ``addr`` dead: fence its ranks once its transport is
         proven torn down (a thread polls the proof; a live prefill is never fenced).
 
@@ -450,9 +451,11 @@ class DecodeGate:
         request's bootstrap infos, the addresses the proof checks for inbound sockets (a
         prefill's ranks connect from their own addresses: multi-node prefill, or a data
         NIC that registered as ``rank_ip``). ``others``: the rank endpoints (``rank_ip``,
-        ``rank_port``) of the other prefill instances in SGLang's connection pool: on a
-        host they share with ``addr``, a socket whose other end a process serving one of
-        them holds is theirs, not ``addr``'s (:mod:`.teardown`)."""
+        ``rank_port``) of the other prefill instances in SGLang's connection pool, or a
+        function that reads them (called at each poll: the instances this decode talks
+        to change while it waits, issue 41's ``prefill_killed``): on a host they share
+        with ``addr``, a socket whose other end a process serving one of them holds is
+        theirs, not ``addr``'s (:mod:`.teardown`)."""
         host, _, port = addr.rpartition(":")
         eps: Set[Tuple[str, int]] = {(host, int(port))}
         hosts: Set[str] = {host}
@@ -474,7 +477,10 @@ class DecodeGate:
         pending = list(affected)
         st: Dict[int, Any] = {} if status is None else status
         proof_hosts = sorted(hosts)
-        live = sorted(set(others) - eps)
+        read_others = others if callable(others) else (lambda fixed=list(others): fixed)
+
+        def live() -> List[Tuple[str, int]]:
+            return sorted(set(read_others()) - eps)
 
         def waits() -> bool:
             # An open room not yet released writes to them, or a request SGLang still
@@ -489,6 +495,7 @@ class DecodeGate:
         def fence_when_torn_down() -> None:
             t0 = time.monotonic()
             idle = 0
+            tell = t0 + _WHY_FIRST
             while True:
                 # Gone only when seen idle twice, a poll apart: a room the scheduler
                 # thread was opening between the two reads of waits() is seen by the
@@ -499,8 +506,15 @@ class DecodeGate:
                     return
                 if not self.unfenced(addr, ranks):
                     return  # fenced meanwhile (fence_prefill)
-                if idle == 0 and self.proof(proof_hosts, sorted(eps), live):
+                if idle == 0 and self.proof(proof_hosts, sorted(eps), live()):
                     break
+                now = time.monotonic()
+                if idle == 0 and now >= tell and self.proof is mooncake_tcp_torn_down:
+                    # An honest log for the operator: what keeps these pages held.
+                    tell = now + _WHY_EVERY
+                    logger.warning("kvfence: prefill %s declared dead %.0f s ago, not fenced "
+                                   "yet (its rooms stay held): %s", addr, now - t0,
+                                   not_torn_down(proof_hosts, sorted(eps), live()) or "proven now")
                 time.sleep(_state.config.teardown_poll)
             self.fence(addr, ranks, "transport torn down %.2f s after the heartbeat failure"
                        " (no socket left from %s)" % (time.monotonic() - t0,
@@ -552,6 +566,10 @@ class DecodeGate:
         return released
 
 
+#: A prefill declared dead and not yet proven torn down is logged (with why) after this
+#: many seconds, then every ``_WHY_EVERY``.
+_WHY_FIRST = 10.0
+_WHY_EVERY = 60.0
 _KEY = "_kvfence_gate"  # the gate, an attribute of a decode manager
 _monotonic = time.monotonic
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
@@ -1067,30 +1085,48 @@ def _handle_node_failure(orig: Callable[..., Any]) -> Callable[..., Any]:
         tracker = getattr(self, "addr_to_rooms_tracker", None) or {}
         affected = list(tracker.get(failed_bootstrap_addr, ()))
         hosts: List[str] = []
-        others: List[Tuple[str, int]] = []
         if gate is not None:
             # Every rank_ip the instance's ranks registered (SGLang's connection pool,
             # keyed by the bootstrap address plus a suffix per rank group; SGLang drops
-            # the entries below): the proof checks sockets from each of them. SGLang's
-            # connection_lock, taken alone (no kvfence lock is held with it).
-            lock = getattr(self, "connection_lock", None)
-            with lock if lock is not None else contextlib.nullcontext():
-                pool = dict(getattr(self, "connection_pool", None) or {})
-            for k, infos in pool.items():
-                mine = isinstance(k, str) and k.startswith(failed_bootstrap_addr)
-                for b in infos or ():
-                    ip = b.get("rank_ip") if isinstance(b, dict) else None
-                    if ip and mine:
-                        hosts.append(str(ip))
-                    elif ip and b.get("rank_port"):
-                        # another instance's rank endpoint: see DecodeGate.node_failed
-                        others.append((str(ip), int(b["rank_port"])))
+            # the entries below): the proof checks sockets from each of them.
+            hosts = _pool_endpoints(self, failed_bootstrap_addr)[0]
         out = orig(self, failed_bootstrap_addr)
         if gate is not None:
+            mgr = self
+
+            def others() -> List[Tuple[str, int]]:
+                # The other instances' rank endpoints *now*, read at each proof poll: an
+                # instance this decode first talks to after the failure (the one its
+                # requests go to meanwhile) is one whose sockets must not count.
+                return _pool_endpoints(mgr, failed_bootstrap_addr)[1]
+
             gate.node_failed(failed_bootstrap_addr, affected,
                              getattr(self, "request_status", None), hosts, others)
         return out
     return _handle_node_failure
+
+
+def _pool_endpoints(mgr: Any, addr: str) -> Tuple[List[str], List[Tuple[str, int]]]:
+    """From SGLang's connection pool (``connection_pool``, keyed by a bootstrap address
+    plus a suffix per rank group): the ``rank_ip`` of every rank of the instance at
+    ``addr``, and the ``(rank_ip, rank_port)`` of every rank of the other instances. Takes
+    SGLang's ``connection_lock`` alone (no kvfence lock is held with it), on the
+    heartbeat thread or a fence thread."""
+    lock = getattr(mgr, "connection_lock", None)
+    with lock if lock is not None else contextlib.nullcontext():
+        pool = dict(getattr(mgr, "connection_pool", None) or {})
+    hosts: List[str] = []
+    others: List[Tuple[str, int]] = []
+    for k, infos in pool.items():
+        mine = isinstance(k, str) and k.startswith(addr)
+        for b in infos or ():
+            ip = b.get("rank_ip") if isinstance(b, dict) else None
+            if ip and mine:
+                hosts.append(str(ip))
+            elif ip and b.get("rank_port"):
+                # another instance's rank endpoint: see DecodeGate.node_failed
+                others.append((str(ip), int(b["rank_port"])))
+    return hosts, others
 
 
 def patches(release: str = "0.5.23"

@@ -51,7 +51,7 @@ import os
 import socket
 from typing import Dict, Iterable, List, Set, Tuple, Union
 
-__all__ = ["mooncake_tcp_torn_down", "inbound_sockets_from", "endpoint_refuses"]
+__all__ = ["mooncake_tcp_torn_down", "not_torn_down", "inbound_sockets_from", "endpoint_refuses"]
 
 _LISTEN = "0A"
 _TIME_WAIT = "06"
@@ -169,6 +169,19 @@ def inbound_sockets_from(host: Union[str, Iterable[str]],
     TIME_WAIT), less those whose other end is a socket of this host held by a process
     that listens on one of ``others`` (rank endpoints of other, live prefill instances:
     see the module docstring)."""
+    return len(_inbound(host, others))
+
+
+#: ``/proc/net/tcp``'s state codes, for messages.
+_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+           "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+           "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def _inbound(host: Union[str, Iterable[str]],
+             others: Iterable[Tuple[str, int]] = ()) -> List[Tuple[str, int, str, int, str]]:
+    """:func:`inbound_sockets_from`'s sockets: (local ip, local port, remote ip, remote
+    port, state code)."""
     mine = _own_socket_inodes()
     rows = _sockets()
     listening = {lport for (_, lport, _, _, st, ino) in rows if st == _LISTEN and ino in mine}
@@ -179,7 +192,7 @@ def inbound_sockets_from(host: Union[str, Iterable[str]],
     peers: Set[str] = set()
     for h in ([host] if isinstance(host, str) else host):
         peers |= _resolve(h)
-    inbound = [(lip, lport, rip, rport) for (lip, lport, rip, rport, st, ino) in rows
+    inbound = [(lip, lport, rip, rport, st) for (lip, lport, rip, rport, st, ino) in rows
                if ino in mine and st not in (_LISTEN, _TIME_WAIT) and lport in listening
                and rip in peers and (rip, rport) not in own_ends]
     others = list(others)
@@ -187,7 +200,7 @@ def inbound_sockets_from(host: Union[str, Iterable[str]],
         # the other end of our (lip, lport) <- (rip, rport) is their (rip, rport) -> (lip, lport)
         theirs = _others_sockets(rows, others)
         inbound = [c for c in inbound if (c[2], c[3], c[0], c[1]) not in theirs]
-    return len(inbound)
+    return inbound
 
 
 def endpoint_refuses(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -199,6 +212,28 @@ def endpoint_refuses(host: str, port: int, timeout: float = 0.5) -> bool:
         return True
     except OSError as e:
         return e.errno == errno.ECONNREFUSED
+
+
+def not_torn_down(hosts: Union[str, Iterable[str]],
+                  endpoints: Iterable[Tuple[str, int]],
+                  others: Iterable[Tuple[str, int]] = ()) -> str:
+    """Why :func:`mooncake_tcp_torn_down` does not hold now, for an operator's log (the
+    endpoints that still accept, the sockets still open); ``""`` if it holds."""
+    eps = list(endpoints)
+    if not eps:
+        return "no endpoint of the instance is known"
+    open_eps = ["%s:%d" % (h, p) for h, p in eps if not endpoint_refuses(h, p)]
+    if open_eps:
+        return "its endpoints still accept connections: %s" % ", ".join(open_eps)
+    peers = {hosts} if isinstance(hosts, str) else set(hosts)
+    peers.update(h for h, _ in eps)
+    mine = set(eps)
+    left = _inbound(sorted(peers), [e for e in others if e not in mine])
+    if left:
+        return "sockets from %s still open: %s" % (", ".join(sorted(peers)), ", ".join(
+            "%s:%d <- %s:%d %s" % (lip, lport, rip, rport, _STATES.get(st, st))
+            for lip, lport, rip, rport, st in left[:8]) + (" (+%d)" % (len(left) - 8) if len(left) > 8 else ""))
+    return ""
 
 
 def mooncake_tcp_torn_down(hosts: Union[str, Iterable[str]],
