@@ -86,6 +86,15 @@ echo "== the model and its transformers reference: $MODEL"
 
 scen=${SCENARIOS:-normal,write_failed,deadline_expired,client_disconnect,prefill_killed}
 [ "$SHORT" = 1 ] && scen=${SCENARIOS:-normal,write_failed}
+# prefill_killed's race holds bytes on the wire with nftables (e2e/serve/inflight.py): as
+# root, install nft if it is missing; without it the scenario runs unraced (a SKIP line).
+case ",$scen," in *,prefill_killed,*)
+    if [ "$(id -u)" -eq 0 ] && ! command -v nft >/dev/null 2>&1; then
+        echo "   nft not found: apt-get install -y nftables (for prefill_killed's race)"
+        { apt-get update && apt-get install -y nftables; } >> "$OUT/setup-sglang.log" 2>&1 \
+            || echo "   nftables could not be installed: prefill_killed runs unraced"
+    fi ;;
+esac
 : > "$OUT/checks-sglang.txt"
 if [ "$scen" != - ]; then
 echo "== SGLang pairs, stock and kvfence started at once; scenarios $scen, $RUNS run(s) each"
@@ -109,6 +118,11 @@ for r in rows:
         continue
     tag = "sglang %s %s" % (r["rule"], r["scenario"])
     n = "%d requests" % r["requests"]
+    if r["scenario"] == "prefill_killed" and not r["racing"]:
+        # its race needs root, nft and cgroup v2 (e2e/serve/inflight.py): run unraced
+        why = [x for x in r["notes"] if x.startswith("not raced: ")]
+        print("SKIP: %s: its race (bytes on the wire past the kill) not forced, %s" % (
+            tag, why[0] if why else "not raced"))
     # slots this scenario left in use (an earlier one on the same pair may hold some)
     at = r["kv_used_tokens_at_idle"]
     left = (at if at is not None else 10**9) - (r.get("kv_used_tokens_before") or 0)
