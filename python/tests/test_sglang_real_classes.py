@@ -394,6 +394,11 @@ def test_fence_prefill_of_a_restarted_prefill_fences_only_the_old_instance(
         assert ks.fence_prefill(addr, "restarted", current=False) == 1
         d.q.resolve_deferred_releases()
         assert _freed == ["A"] and d.held() == ["B"]
+        # (the default fences the current instance too: B released, nothing left held
+        # for the tests after this one)
+        assert ks.fence_prefill(addr, "cut off") == 1
+        d.q.resolve_deferred_releases()
+        assert _freed == ["A", "B"] and not d.held()
     finally:
         srv.close()
 
