@@ -14,6 +14,7 @@ without SGLang (e2e/sglang/ci.sh runs it in the SGLang environment).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -340,12 +341,13 @@ def test_a_writer_connected_from_its_own_rank_ip_blocks_the_fence(
 # -- item 3: fence_prefill after the heartbeat retired the ranks --------------------------
 
 
-def test_fence_prefill_fences_ranks_the_heartbeat_retired(
-        monkeypatch: pytest.MonkeyPatch, _freed: List[str]) -> None:
-    """The heartbeat declares a prefill dead whose host cannot be proven torn down (here:
-    its bootstrap endpoint still accepts, as a powered-off host's would time out): the
-    room stays held. The operator's documented fix, fence_prefill(addr), must fence the
-    ranks the heartbeat retired and release the room. Before issue 38 it returned 0."""
+@contextlib.contextmanager
+def _declared_dead_unproven(monkeypatch: pytest.MonkeyPatch, room: int
+                            ) -> Iterator[Any]:
+    """A decode whose prefill (a listening socket stands for its bootstrap endpoint, so
+    the teardown can never be proven) served request "A" (``room``), which was aborted
+    and held; then the heartbeat declared that prefill dead. Yields ``(decode, the
+    prefill's address)``."""
     monkeypatch.setattr(_state, "config", ks.Config(teardown_poll=0.02))
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -353,19 +355,28 @@ def test_fence_prefill_fences_ranks_the_heartbeat_retired(
     addr = "127.0.0.1:%d" % srv.getsockname()[1]
     try:
         d = Decode(prefill=addr)
-        a = d.request(45, "A")
-        d.abort_and_hold([a])
+        d.abort_and_hold([d.request(room, "A")])
         assert d.gate is not None and len(d.gate.records) == 1
-        d.mgr._handle_node_failure(addr)
+        d.mgr._handle_node_failure(addr)  # ranks retired, no proof
         time.sleep(0.2)
+        yield d, addr
+    finally:
+        srv.close()
+
+
+def test_fence_prefill_fences_ranks_the_heartbeat_retired(
+        monkeypatch: pytest.MonkeyPatch, _freed: List[str]) -> None:
+    """The heartbeat declares a prefill dead whose host cannot be proven torn down (here:
+    its bootstrap endpoint still accepts, as a powered-off host's would time out): the
+    room stays held. The operator's documented fix, fence_prefill(addr), must fence the
+    ranks the heartbeat retired and release the room. Before issue 38 it returned 0."""
+    with _declared_dead_unproven(monkeypatch, 45) as (d, addr):
         d.q.resolve_deferred_releases()
         assert d.held() == ["A"] and d.gate.fenced_ranks == 0
         assert ks.fence_prefill(addr) == 1
         d.q.resolve_deferred_releases()
         assert _freed == ["A"] and d.gate.fenced_ranks == 1
         assert not d.gate.unfenced(addr)
-    finally:
-        srv.close()
 
 
 def test_fence_prefill_of_a_restarted_prefill_fences_only_the_old_instance(
@@ -376,21 +387,11 @@ def test_fence_prefill_of_a_restarted_prefill_fences_only_the_old_instance(
     current=False)`` fences the ranks the heartbeat retired, not the new instance's: a
     request the new instance serves, aborted and held, stays held (its writer is live);
     the default (``current=True``) would have fenced it too."""
-    monkeypatch.setattr(_state, "config", ks.Config(teardown_poll=0.02))
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    addr = "127.0.0.1:%d" % srv.getsockname()[1]
-    try:
-        d = Decode(prefill=addr)
-        a = d.request(47, "A")
-        d.abort_and_hold([a])
-        d.mgr._handle_node_failure(addr)  # old instance declared dead, ranks retired
-        time.sleep(0.2)
+    with _declared_dead_unproven(monkeypatch, 47) as (d, addr):
         b = d.request(48, "B")  # the restarted instance: new kvfence ids
         d.abort_and_hold([b])
         d.q.resolve_deferred_releases()
-        assert d.gate is not None and sorted(d.held()) == ["A", "B"]
+        assert sorted(d.held()) == ["A", "B"]
         assert ks.fence_prefill(addr, "restarted", current=False) == 1
         d.q.resolve_deferred_releases()
         assert _freed == ["A"] and d.held() == ["B"]
@@ -399,8 +400,6 @@ def test_fence_prefill_of_a_restarted_prefill_fences_only_the_old_instance(
         assert ks.fence_prefill(addr, "cut off") == 1
         d.q.resolve_deferred_releases()
         assert _freed == ["A", "B"] and not d.held()
-    finally:
-        srv.close()
 
 
 # -- item 5: uninstall never strands held rooms --------------------------------------------
