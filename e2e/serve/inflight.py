@@ -26,7 +26,7 @@ import os
 import shutil
 import subprocess
 import time
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 TABLE = "kvfence_serve"
 #: Data segments are larger than this (bytes, IP length); the handshake, pure ACKs and a
@@ -197,7 +197,7 @@ def sockets_of(conns: Iterable[Conn]) -> List[str]:
             for st, rq, sq, c, proc in tcp_rows(owners=True) if c in both]
 
 
-def wait(pred, timeout: float, every: float = 0.2) -> bool:  # type: ignore[no-untyped-def]
+def wait(pred: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:
     """Polls ``pred()`` until it holds or ``timeout`` seconds passed."""
     t0 = time.time()
     while time.time() - t0 < timeout:
