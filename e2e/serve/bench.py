@@ -61,7 +61,7 @@ def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
             time.sleep(pair.lease_s + HOLD_EXTRA_S)
         if fault == "cancel":
             body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
-            pair.cancel_after(pair.decode.url, body, delay)
+            pair.cancel_after(pair.decode.url, body, delay, params.headers())
             r.count("cancelled")
             return
         out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])

@@ -21,6 +21,15 @@ guessed time), so one run shows the race or fails:
   with SIGSTOP (all three of its processes) and resumed with SIGCONT once B has taken A's
   place; a stopped decode sends no heartbeat, so the lease lapses as it does for a
   stalled host or a long pause.
+* ``push_late_write`` (push mode, a pair of its own: ``NixlPushConnector`` /
+  ``KvfenceNixlPushConnector``, the prefill WRITEs into the decode's blocks): A's WRITE is
+  held at its post in the prefill (the harness's hold point at ``nixl_agent.transfer``,
+  ``vllm_site``: a WRITE queued behind a slow NIC or a congested link) while A's lease
+  lapses (the prefill's writer thread, held, reads no heartbeat); B is prefilled (stock:
+  into A's freed blocks) or waits for blocks (kvfence); then the WRITE goes, reading its
+  source blocks as they are *now*. Stock: A's decode gets B's KV (A wrong from its first
+  token, HTTP 200; stock reports an expired push request "even if their WRITEs finish
+  later"). kvfence: A's blocks stay held until its WRITE has ended.
 * ``read_failure``: the prefill killed (-9) while the decode's READ is posted, restarted
   (see :func:`read_failure`): blocks back and right answers after, not a race.
 * ``client_disconnect``: six concurrent clients, every other one hanging up during its
@@ -163,6 +172,43 @@ def lease_lapse(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
         print(f"    request {a}: {e}", file=sys.stderr)
         t.check(None, data["tokens"][a], 0.0)
     bt.join(300)
+
+
+def push_late_write(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
+    """A's WRITE held at its post across A's lease; B takes A's place; the WRITE goes."""
+    n = len(data["prompts"])
+    a, b = (2 * run + 4) % n, (2 * run + 5) % n
+    ctl = pair.ctl
+    for f in ("held", "held_done", "release"):
+        if os.path.exists(os.path.join(ctl, f)):
+            os.remove(os.path.join(ctl, f))
+    open(os.path.join(ctl, "hold_next"), "w").close()
+    got: Dict[str, Any] = {}
+
+    def run_a() -> None:
+        t0 = time.perf_counter()
+        try:
+            params = pair.prefill_step(data["prompts"][a])
+            got["out"] = pair.decode_step(data["prompts"][a], params, data["max_tokens"])
+            got["dt"] = time.perf_counter() - t0
+        except Exception as e:
+            print(f"    request {a}: {e}", file=sys.stderr)
+
+    at = threading.Thread(target=run_a)
+    at.start()
+    held = _wait(lambda: os.path.exists(os.path.join(ctl, "held")), 180,
+                 "A's WRITE held at its post (CTL/held)")
+    bt, forced = _lapse_then_reuse(pair, data, t, a, b, time.perf_counter())
+    t.forced += held and forced
+    open(os.path.join(ctl, "release"), "w").close()
+    _wait(lambda: os.path.exists(os.path.join(ctl, "held_done")), 120,
+          "the held WRITE posted (CTL/held_done)")
+    at.join(300)
+    t.check(got.get("out"), data["tokens"][a], got.get("dt", 0.0))
+    bt.join(300)
+    for f in ("release", "hold_next"):
+        if os.path.exists(os.path.join(ctl, f)):
+            os.remove(os.path.join(ctl, f))
 
 
 def decode_stall(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
@@ -317,7 +363,7 @@ def _go_cancel(pair: Pair, data: Dict[str, Any], i: int, t: Tally, cancel: str,
         params = pair.prefill_step(data["prompts"][i])
         body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
         if cancel == "decode":
-            pair.cancel_after(pair.decode.url, body, after)
+            pair.cancel_after(pair.decode.url, body, after, params.headers())
             t.requests += 1
             t.cancelled += 1
             return
@@ -330,8 +376,11 @@ def _go_cancel(pair: Pair, data: Dict[str, Any], i: int, t: Tally, cancel: str,
 
 
 SCENARIOS = {"normal": normal, "lease_lapse": lease_lapse, "decode_stall": decode_stall,
-             "client_disconnect": client_disconnect, "read_failure": read_failure}
-RACING = {"lease_lapse", "decode_stall"}
+             "client_disconnect": client_disconnect, "read_failure": read_failure,
+             "push_late_write": push_late_write}
+RACING = {"lease_lapse", "decode_stall", "push_late_write"}
+#: Scenarios run on a push-mode pair (started after the rule's pull pair is stopped).
+PUSH = {"push_late_write"}
 
 
 #: Lines of the prefill's log counted per scenario (the engine's and kvfence's own words).
@@ -360,6 +409,36 @@ def idle_usage(server: Any, timeout: float = 180.0) -> Optional[float]:
     return u
 
 
+def run_pair(rule: str, push: bool, names: List[str], data: Dict[str, Any], logdir: str,
+             runs: int, port: int) -> List[Dict[str, Any]]:
+    """One pair of ``rule`` (pull, or push mode), every scenario of ``names`` on it: rows."""
+    rows: List[Dict[str, Any]] = []
+    t_start = time.time()
+    mode = "push " if push else ""
+    pair = Pair(rule, data["model"], logdir, sys.executable, port, push=push)
+    try:
+        pair.wait_ready()
+        print(f"[{rule}] {mode}pair up in {time.time() - t_start:.0f} s", flush=True)
+        for name in names:
+            t = Tally()
+            t_s = time.time()
+            marks0 = log_counts(pair)
+            for run in range(runs):
+                SCENARIOS[name](pair, data, t, run)
+            row = dict(engine="vllm", scenario=name, rule=rule, racing=name in RACING,
+                       mode="push" if push else "pull",
+                       kv_usage_at_idle=idle_usage(pair.prefill),
+                       decode_kv_usage_at_idle=idle_usage(pair.decode),
+                       runs=runs, wall_s=round(time.time() - t_s, 1), **t.row())
+            marks = log_counts(pair)
+            row["prefill_log"] = {k: marks[k] - marks0[k] for k in MARKS}
+            rows.append(row)
+            print(f"[{rule}] {name}: {json.dumps(row)}", flush=True)
+    finally:
+        pair.stop()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
@@ -372,34 +451,21 @@ def main() -> int:
     ap.add_argument("--rules", default="stock,kvfence")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
+    # SIGTERM (a CI timeout, a kill) ends the run through run_pair's finally, which stops
     # every server; without it the servers' engine processes outlive the harness.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     data = _model.load(a.model_dir)
     os.makedirs(a.logdir, exist_ok=True)
     table: List[Dict[str, Any]] = []
+    names = a.scenarios.split(",")
+    unknown = [x for x in names if x not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
     for k, rule in enumerate(a.rules.split(",")):
-        t_start = time.time()
-        pair = Pair(rule, data["model"], a.logdir, sys.executable, 8100 + 10 * k)
-        try:
-            pair.wait_ready()
-            print(f"[{rule}] pair up in {time.time() - t_start:.0f} s", flush=True)
-            for name in a.scenarios.split(","):
-                t = Tally()
-                t_s = time.time()
-                marks0 = log_counts(pair)
-                for run in range(a.runs):
-                    SCENARIOS[name](pair, data, t, run)
-                row = dict(engine="vllm", scenario=name, rule=rule, racing=name in RACING,
-                           kv_usage_at_idle=idle_usage(pair.prefill),
-                           decode_kv_usage_at_idle=idle_usage(pair.decode),
-                           runs=a.runs, wall_s=round(time.time() - t_s, 1), **t.row())
-                marks = log_counts(pair)
-                row["prefill_log"] = {k: marks[k] - marks0[k] for k in MARKS}
-                table.append(row)
-                print(f"[{rule}] {name}: {json.dumps(row)}", flush=True)
-        finally:
-            pair.stop()
+        for push in (False, True):
+            mine = [x for x in names if (x in PUSH) == push]
+            if mine:
+                table += run_pair(rule, push, mine, data, a.logdir, a.runs, 8100 + 10 * k + 40 * push)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(table, f, indent=1)

@@ -8,8 +8,10 @@ The prefill's pool is tiny (``--num-gpu-blocks-override``: one null block + four
 tokens), so the next request is prefilled into the blocks the previous one used as soon as
 they are free. The router is the protocol of vLLM's toy P/D proxy, written here: the
 prompt to the prefill with ``max_tokens=1`` and ``do_remote_decode``, then to the decode
-with the ``kv_transfer_params`` the prefill returned. It can hold a request between the
-two (the "proxy delay" that lets a lease lapse).
+with the ``kv_transfer_params`` the prefill returned, both under one ``X-Request-Id`` (as
+vLLM's proxy sends it: push mode matches the decode's registration with the prefill's
+finished blocks by that id, and serves nothing without it). It can hold a request between
+the two (the "proxy delay" that lets a lease lapse).
 
 Server flags from ``shared/SERVE.md``: ``--dtype float32 --enforce-eager --block-size 32``
 (CPU attention with NIXL needs a multiple of 32), ``--no-enable-prefix-caching`` (a
@@ -26,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 import requests
@@ -39,12 +42,24 @@ PREFILL_BLOCKS = 5  # one null block + four of 32 tokens: room for one 100-token
 _SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_site")
 
 
+class Params(dict):  # type: ignore[type-arg]
+    """The prefill's ``kv_transfer_params`` (sent to the decode as they are), and the
+    ``X-Request-Id`` the router gave the request (``request_id``), for the decode's call."""
+
+    request_id: str = ""
+
+    def headers(self) -> Dict[str, str]:
+        """The router's headers for the decode's call: the request's ``X-Request-Id``."""
+        return {"X-Request-Id": self.request_id} if self.request_id else {}
+
+
 class Server:
     """One vLLM server process (its log in ``logdir``)."""
 
     def __init__(self, name: str, port: int, side_port: int, rule: str, model: str,
                  logdir: str, python: str, blocks: Optional[int] = None,
-                 push: bool = False, lease_s: float = LEASE_S) -> None:
+                 push: bool = False, lease_s: float = LEASE_S,
+                 extra_env: Optional[Dict[str, str]] = None) -> None:
         self.name, self.port, self.rule = name, port, rule
         self.url = f"http://127.0.0.1:{port}"
         conn = {
@@ -74,7 +89,8 @@ class Server:
                    KVFENCE_SERVE_VLLM_SITE="1",
                    PYTHONPATH=os.pathsep.join(
                        p for p in (_SITE, os.environ.get("PYTHONPATH", "")) if p),
-                   VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+                   VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"),
+                   **(extra_env or {}))
         self.log_path = os.path.join(logdir, f"{name}.log")
         self.args, self.env = args, env
         self.log = open(self.log_path, "w")
@@ -147,11 +163,20 @@ class Pair:
                  push: bool = False, prefill_blocks: int = PREFILL_BLOCKS,
                  lease_s: float = LEASE_S) -> None:
         self.rule, self.push, self.lease_s = rule, push, lease_s
-        tag = f"{rule}-{base_port}"
+        tag = f"{rule}-{'push-' if push else ''}{base_port}"
+        # Push mode, both servers: vLLM's queue spin sleeps 200 us a turn (vllm_site's
+        # docstring: without it the prefill's WRITE thread starves on 2 cores and push
+        # serves nothing). The prefill: the harness's WRITE hold point, via ``self.ctl``.
+        both = {"KVFENCE_SERVE_SHM_SPIN_SLEEP_US": "200"} if push else {}
+        self.ctl = os.path.join(logdir, f"ctl-{tag}") if push else ""
+        if self.ctl:
+            os.makedirs(self.ctl, exist_ok=True)
         self.prefill = Server(f"{tag}-prefill", base_port, base_port + 500, rule, model,
-                              logdir, python, blocks=prefill_blocks, push=push, lease_s=lease_s)
+                              logdir, python, blocks=prefill_blocks, push=push, lease_s=lease_s,
+                              extra_env=dict(both, **({"KVFENCE_SERVE_CTL": self.ctl}
+                                                      if self.ctl else {})))
         self.decode = Server(f"{tag}-decode", base_port + 1, base_port + 600, rule, model,
-                             logdir, python, push=push, lease_s=lease_s)
+                             logdir, python, push=push, lease_s=lease_s, extra_env=both)
 
     def wait_ready(self, timeout: float = 900.0) -> None:
         self.prefill.wait_ready(timeout)
@@ -178,28 +203,37 @@ class Pair:
                 "ignore_eos": True, "return_token_ids": True, "kv_transfer_params": params}
 
     @staticmethod
-    def cancel_after(url: str, body: Dict[str, Any], after_s: float) -> int:
+    def cancel_after(url: str, body: Dict[str, Any], after_s: float,
+                     headers: Optional[Dict[str, str]] = None) -> int:
         """Posts ``body`` and hangs up after ``after_s`` (a client that disconnects: vLLM's
-        API server aborts the request). 1 when it hung up, 0 when the answer came first."""
+        API server aborts the request). 1 when it hung up, 0 when the answer came first.
+        ``headers``: the request's ``Params.headers()`` when it is a decode's call."""
         try:
-            requests.post(url + "/v1/completions", json=body, timeout=(10, after_s))
+            requests.post(url + "/v1/completions", json=body, timeout=(10, after_s),
+                          headers=headers or {})
         except requests.exceptions.ReadTimeout:
             return 1
         return 0
 
-    def prefill_step(self, prompt: List[int], timeout: float = 300.0) -> Dict[str, Any]:
-        """The prompt through the prefill (``max_tokens=1``): the decode's kv_transfer_params."""
+    def prefill_step(self, prompt: List[int], timeout: float = 300.0) -> Params:
+        """The prompt through the prefill (``max_tokens=1``) under a new ``X-Request-Id``:
+        the decode's kv_transfer_params, with that id."""
+        rid = uuid.uuid4().hex
         r = requests.post(self.prefill.url + "/v1/completions", json=self.prefill_body(prompt),
-                          timeout=timeout)
+                          timeout=timeout, headers={"X-Request-Id": rid})
         r.raise_for_status()
-        params = r.json().get("kv_transfer_params") or {}
-        return dict(params)
+        params = Params(r.json().get("kv_transfer_params") or {})
+        params.request_id = rid
+        return params
 
     def decode_step(self, prompt: List[int], params: Dict[str, Any], max_tokens: int,
                     timeout: float = 300.0) -> List[int]:
-        """The decode with the prefill's params: the generated token ids."""
+        """The decode with the prefill's params (under the prefill's ``X-Request-Id`` when
+        ``params`` came from ``prefill_step``): the generated token ids."""
         body = self.decode_body(prompt, params, max_tokens)
-        r = requests.post(self.decode.url + "/v1/completions", json=body, timeout=timeout)
+        headers = params.headers() if isinstance(params, Params) else {}
+        r = requests.post(self.decode.url + "/v1/completions", json=body, timeout=timeout,
+                          headers=headers)
         r.raise_for_status()
         choice = r.json()["choices"][0]
         ids = choice.get("token_ids")
