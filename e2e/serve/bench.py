@@ -61,10 +61,13 @@ def one(pair: Pair, data: Dict[str, Any], i: int, fault: str, delay: float,
             time.sleep(pair.lease_s + HOLD_EXTRA_S)
         if fault == "cancel":
             body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
-            pair.cancel_after(pair.decode.url, body, delay, params.headers())
-            r.count("cancelled")
-            return
-        out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
+            ans = pair.cancel_after(pair.decode.url, body, delay, params.headers())
+            if ans is None:
+                r.count("cancelled")
+                return
+            out = pair.token_ids(ans)  # answered before the hang-up: checked
+        else:
+            out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
     except Exception as e:
         print(f"    {pair.rule} request {i}: {e}", file=sys.stderr)
         r.count("errors")

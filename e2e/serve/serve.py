@@ -353,21 +353,30 @@ def client_disconnect(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> N
 
 def _go_cancel(pair: Pair, data: Dict[str, Any], i: int, t: Tally, cancel: str,
                after: float) -> None:
+    """One client through the router, hanging up ``after`` s into its prefill or its
+    decode (``cancel``), or not at all (""). A hang-up that comes after the answer is no
+    hang-up: that request is answered and checked like any other (a prefill's answer goes
+    on to the decode, as a router does)."""
     t0 = time.perf_counter()
     try:
         if cancel == "prefill":
-            pair.cancel_after(pair.prefill.url, pair.prefill_body(data["prompts"][i]), after)
-            t.requests += 1
-            t.cancelled += 1
-            return
-        params = pair.prefill_step(data["prompts"][i])
-        body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
+            params = pair.prefill_or_hang_up(data["prompts"][i], after)
+            if params is None:
+                t.requests += 1
+                t.cancelled += 1
+                return
+        else:
+            params = pair.prefill_step(data["prompts"][i])
         if cancel == "decode":
-            pair.cancel_after(pair.decode.url, body, after, params.headers())
-            t.requests += 1
-            t.cancelled += 1
-            return
-        out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
+            body = pair.decode_body(data["prompts"][i], params, data["max_tokens"])
+            ans = pair.cancel_after(pair.decode.url, body, after, params.headers())
+            if ans is None:
+                t.requests += 1
+                t.cancelled += 1
+                return
+            out = pair.token_ids(ans)
+        else:
+            out = pair.decode_step(data["prompts"][i], params, data["max_tokens"])
     except Exception as e:
         print(f"    request {i}: {e}", file=sys.stderr)
         t.check(None, data["tokens"][i], 0.0)

@@ -204,16 +204,41 @@ class Pair:
 
     @staticmethod
     def cancel_after(url: str, body: Dict[str, Any], after_s: float,
-                     headers: Optional[Dict[str, str]] = None) -> int:
+                     headers: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
         """Posts ``body`` and hangs up after ``after_s`` (a client that disconnects: vLLM's
-        API server aborts the request). 1 when it hung up, 0 when the answer came first.
-        ``headers``: the request's ``Params.headers()`` when it is a decode's call."""
+        API server aborts the request). None when it hung up; the answer (its JSON) when
+        the answer came first: the client did not hang up, and the caller must go on as
+        for any answered request. ``headers``: the request's ``X-Request-Id``."""
         try:
-            requests.post(url + "/v1/completions", json=body, timeout=(10, after_s),
-                          headers=headers or {})
+            r = requests.post(url + "/v1/completions", json=body, timeout=(10, after_s),
+                              headers=headers or {})
         except requests.exceptions.ReadTimeout:
-            return 1
-        return 0
+            return None
+        r.raise_for_status()
+        return dict(r.json())
+
+    def prefill_or_hang_up(self, prompt: List[int], after_s: float) -> Optional[Params]:
+        """The prompt through the prefill, hanging up after ``after_s``: None when the
+        router hung up, else the decode's params (the prefill answered first: a router then
+        goes on to the decode; dropping the request here would be a router that drops a
+        prefilled request without telling either server, the lease case)."""
+        rid = uuid.uuid4().hex
+        ans = self.cancel_after(self.prefill.url, self.prefill_body(prompt), after_s,
+                                {"X-Request-Id": rid})
+        if ans is None:
+            return None
+        params = Params(ans.get("kv_transfer_params") or {})
+        params.request_id = rid
+        return params
+
+    @staticmethod
+    def token_ids(answer: Dict[str, Any]) -> List[int]:
+        """The generated token ids of a decode's answer."""
+        choice = answer["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise RuntimeError(f"the decode returned no token_ids: {sorted(choice)}")
+        return list(ids)
 
     def prefill_step(self, prompt: List[int], timeout: float = 300.0) -> Params:
         """The prompt through the prefill (``max_tokens=1``) under a new ``X-Request-Id``:
@@ -235,11 +260,7 @@ class Pair:
         r = requests.post(self.decode.url + "/v1/completions", json=body, timeout=timeout,
                           headers=headers)
         r.raise_for_status()
-        choice = r.json()["choices"][0]
-        ids = choice.get("token_ids")
-        if ids is None:
-            raise RuntimeError(f"the decode returned no token_ids: {sorted(choice)}")
-        return list(ids)
+        return self.token_ids(r.json())
 
     def generate(self, prompt: List[int], max_tokens: int, hold_s: float = 0.0) -> Tuple[List[int], float]:
         """Prefill, hold ``hold_s`` (the router's delay), decode: tokens and latency."""
