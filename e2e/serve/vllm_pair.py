@@ -217,20 +217,6 @@ class Pair:
         r.raise_for_status()
         return dict(r.json())
 
-    def prefill_or_hang_up(self, prompt: List[int], after_s: float) -> Optional[Params]:
-        """The prompt through the prefill, hanging up after ``after_s``: None when the
-        router hung up, else the decode's params (the prefill answered first: a router then
-        goes on to the decode; dropping the request here would be a router that drops a
-        prefilled request without telling either server, the lease case)."""
-        rid = uuid.uuid4().hex
-        ans = self.cancel_after(self.prefill.url, self.prefill_body(prompt), after_s,
-                                {"X-Request-Id": rid})
-        if ans is None:
-            return None
-        params = Params(ans.get("kv_transfer_params") or {})
-        params.request_id = rid
-        return params
-
     @staticmethod
     def token_ids(answer: Dict[str, Any]) -> List[int]:
         """The generated token ids of a decode's answer."""
