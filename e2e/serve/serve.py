@@ -27,15 +27,15 @@ guessed time), so one run shows the race or fails:
   ``vllm_site``: a WRITE queued behind a slow NIC or a congested link) while A's lease
   lapses (the prefill's writer thread, held, reads no heartbeat); B is prefilled (stock:
   into A's freed blocks) or waits for blocks (kvfence); then the WRITE goes, reading its
-  source blocks as they are *now*. Stock: A's decode gets B's KV (A wrong from its first
-  token, HTTP 200; stock reports an expired push request "even if their WRITEs finish
-  later"). kvfence: A's blocks stay held until its WRITE has ended.
+  source blocks as they are *now*. Stock: A's decode gets B's KV (A wrong, HTTP 200;
+  stock reports an expired push request "even if their WRITEs finish later"). kvfence:
+  A's blocks stay held until its WRITE has ended.
 * ``read_failure``: the prefill killed (-9) while the decode's READ is posted, restarted
   (see :func:`read_failure`): blocks back and right answers after, not a race.
 * ``client_disconnect``: six concurrent clients, every other one hanging up during its
-  decode (not at the prefill: :func:`client_disconnect`). Not a forced race: under load a lease can lapse on its own
-  (stock then may answer wrong), so stock is reported, not checked; kvfence must answer
-  right with every block back.
+  decode (not at the prefill: :func:`client_disconnect`). Not a forced race: under load a
+  lease can lapse on its own (stock then may answer wrong), so stock is reported, not
+  checked; kvfence must answer right with every block back.
 
 Per scenario and rule: requests, wrong-token requests, HTTP errors, p50/p99 latency, and
 whether the prefill's KV usage (its own ``/metrics`` gauge) is back at its idle value.
