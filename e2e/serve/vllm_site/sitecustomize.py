@@ -27,9 +27,9 @@ worker busy-waits with ``os.sched_yield()`` in a loop for 1 s after every messag
 engine steps every millisecond while a finished request waits for its decode
 (``has_pending_push_work``), so its worker never leaves that spin, and the worker's
 ``nixl-push-writer`` thread, which receives the decode's ``PUSH_REG`` and posts the WRITE,
-starves for CPU and the GIL on 2 cores: a ``PUSH_REG`` was handled 18 s after it was sent,
-the prefill's handshake back to the decode timed out, and no push request was ever served
-here. With the variable set, the queue's spin sleeps that long per turn instead of yielding
+starves for CPU and the GIL on 2 cores: a ``PUSH_REG`` was not handled within 60 s (18 s
+late with NIXL's own progress delay, and the handshake back to the decode then timed out),
+and no push request was ever served here. With the variable set, the queue's spin sleeps that long per turn instead of yielding
 (``time.sleep``: the GIL and the core go to the other threads; a new message is still seen
 within that delay). Not ``busy_loop_s=0``: the queue's idle wait on its ZMQ notification
 then loses wake-ups (its publisher drops at a high-water mark of 1) and every step waited
