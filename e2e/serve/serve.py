@@ -178,11 +178,9 @@ def push_late_write(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> Non
     """A's WRITE held at its post across A's lease; B takes A's place; the WRITE goes."""
     n = len(data["prompts"])
     a, b = (2 * run + 4) % n, (2 * run + 5) % n
-    ctl = pair.ctl
     for f in ("held", "held_done", "release"):
-        if os.path.exists(os.path.join(ctl, f)):
-            os.remove(os.path.join(ctl, f))
-    open(os.path.join(ctl, "hold_next"), "w").close()
+        pair.remove(f)
+    pair.touch("hold_next")
     got: Dict[str, Any] = {}
 
     def run_a() -> None:
@@ -196,19 +194,16 @@ def push_late_write(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> Non
 
     at = threading.Thread(target=run_a)
     at.start()
-    held = _wait(lambda: os.path.exists(os.path.join(ctl, "held")), 180,
-                 "A's WRITE held at its post (CTL/held)")
+    held = _wait(lambda: pair.has("held"), 180, "A's WRITE held at its post (CTL/held)")
     bt, forced = _lapse_then_reuse(pair, data, t, a, b, time.perf_counter())
     t.forced += held and forced
-    open(os.path.join(ctl, "release"), "w").close()
-    _wait(lambda: os.path.exists(os.path.join(ctl, "held_done")), 120,
-          "the held WRITE posted (CTL/held_done)")
+    pair.touch("release")
+    _wait(lambda: pair.has("held_done"), 120, "the held WRITE posted (CTL/held_done)")
     at.join(300)
     t.check(got.get("out"), data["tokens"][a], got.get("dt", 0.0))
     bt.join(300)
     for f in ("release", "hold_next"):
-        if os.path.exists(os.path.join(ctl, f)):
-            os.remove(os.path.join(ctl, f))
+        pair.remove(f)
 
 
 def decode_stall(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import requests
 
 import inflight
+from ctl import CtlDir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SITE = os.path.join(HERE, "sglang_site")
@@ -176,7 +177,7 @@ class Server:
         self.log.close()
 
 
-class Pair:
+class Pair(CtlDir):
     """A prefill and a decode server, the control directory of their hooks, the router."""
 
     def __init__(self, rule: str, model: str, logdir: str, python: str, base_port: int,
@@ -232,26 +233,6 @@ class Pair:
             self.prefill_b.stop()
 
     # the control files of sglang_site/sitecustomize.py
-    def touch(self, name: str) -> None:
-        open(os.path.join(self.ctl, name), "w").close()
-
-    def remove(self, name: str) -> None:
-        try:
-            os.unlink(os.path.join(self.ctl, name))
-        except FileNotFoundError:
-            pass
-
-    def has(self, name: str) -> bool:
-        return os.path.exists(os.path.join(self.ctl, name))
-
-    def wait_ctl(self, name: str, timeout: float) -> bool:
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.has(name):
-                return True
-            time.sleep(0.05)
-        return False
-
     def abort(self, rid: str) -> int:
         """Aborts request ``rid`` at the decode (SGLang's ``/abort_request``, what a client
         disconnect or a router does): its HTTP status."""

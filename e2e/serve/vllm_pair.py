@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import requests
 
+from ctl import CtlDir
+
 #: The lease the prefill keeps a finished request's blocks for, without a heartbeat: short,
 #: to keep runs short (the default 30 s is the same race, slower).
 LEASE_S = 5.0
@@ -156,7 +158,7 @@ class Server:
         self.log.close()
 
 
-class Pair:
+class Pair(CtlDir):
     """A prefill and a decode server, and the router between them."""
 
     def __init__(self, rule: str, model: str, logdir: str, python: str, base_port: int,

@@ -29,9 +29,9 @@ engine steps every millisecond while a finished request waits for its decode
 ``nixl-push-writer`` thread, which receives the decode's ``PUSH_REG`` and posts the WRITE,
 starves for CPU and the GIL on 2 cores: a ``PUSH_REG`` was not handled within 60 s (18 s
 late with NIXL's own progress delay, and the handshake back to the decode then timed out),
-and no push request was ever served here. With the variable set, the queue's spin sleeps that long per turn instead of yielding
-(``time.sleep``: the GIL and the core go to the other threads; a new message is still seen
-within that delay). Not ``busy_loop_s=0``: the queue's idle wait on its ZMQ notification
+and no push request was ever served here. With the variable set, the queue's spin sleeps
+that long per turn instead of yielding (``time.sleep``: the GIL and the core go to the
+other threads; a new message is still seen within that delay). Not ``busy_loop_s=0``: the queue's idle wait on its ZMQ notification
 then loses wake-ups (its publisher drops at a high-water mark of 1) and every step waited
 for a poll timeout (0.2 tokens/s, pull and push alike). Timing only, same for both rules;
 logged as ``KVFENCE-SERVE-VLLM-SITE shm spin sleep=US``.
