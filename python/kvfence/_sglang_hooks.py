@@ -69,6 +69,17 @@ HOOKS: Tuple[Tuple[str, str, str], ...] = (
     ("decode.py", "DecodeTransferQueue", "_do_release"),
     ("decode.py", "DecodeTransferQueue", "release_memory_occupation"),
     ("decode.py", "DecodeTransferQueue", "_is_host_destination"),
+    # the transport reset (kvfence.sglang.reset, KVFENCE_SGLANG_RESET)
+    ("common/conn.py", "CommonKVReceiver", "_setup_bootstrap_infos"),
+    ("mooncake/conn.py", "MooncakeKVManager", "get_session_id"),
+    ("mooncake/conn.py", "MooncakeKVManager", "build_receiver_registration_message"),
+    ("mooncake/conn.py", "MooncakeKVManager", "build_receiver_metadata_message"),
+    ("mooncake/conn.py", "MooncakeKVManager", "_registerable_regions"),
+    ("common/conn.py", "CommonKVManager", "apply_prefill_status"),
+    ("common/conn.py", "CommonKVManager", "_encode_kv_status_message"),
+    ("common/conn.py", "CommonKVManager", "parse_kv_status_message"),
+    ("common/conn.py", "CommonKVManager", "_send_multipart_locked"),
+    ("common/conn.py", "CommonKVManager", "_room_notify_targets"),
 )
 
 #: The releases kvfence was tested against: release -> the digest of each hook (in
@@ -82,7 +93,9 @@ TESTED: Dict[str, Tuple[str, ...]] = {
         "6d8de9a9717e", "037dd50a0dcd", "557f0209a81d", "47598697af2e", "be4e66ab2330",
         "39e309e861a7", "40e8c78b2bb6", "cd8544785d21", "342067ffd1b5", "a9ae6c3f2e18",
         "4fee508280a4", "264087073eef", "f6e5bd05c6fb", "2a3d239c0bc0", "616fee555f8d",
-        "85d03764adb3", "missing",
+        "85d03764adb3", "missing", "4f6f92789dff", "e189616d8fa3", "missing", "missing",
+        "1408ca017bd9", "c7e0ae865a3a", "77d2423d1613",
+        "c1eeaee3ddbf", "c01260341f50", "f200840ac1ed",
     ),
     "0.5.23": (
         "938def6fade3", "missing", "b096d37023df", "928d1c998aa3", "a4fbc4dfe8cf",
@@ -91,7 +104,9 @@ TESTED: Dict[str, Tuple[str, ...]] = {
         "6d8de9a9717e", "037dd50a0dcd", "557f0209a81d", "47598697af2e", "dbe228b2a27f",
         "01c22eeaef89", "623e05d628b0", "cd8544785d21", "8345ae76f0a5", "a9ae6c3f2e18",
         "4fee508280a4", "c6ae3e5fb7ae", "9f2df2dae63d", "6106654ea4d9", "b8d18695d2ed",
-        "85d03764adb3", "bf446c3aaccd",
+        "85d03764adb3", "bf446c3aaccd", "4f6f92789dff", "e189616d8fa3", "6ed74e785228",
+        "541d12142b6f", "1408ca017bd9", "55cef5ae6d24", "77d2423d1613",
+        "c1eeaee3ddbf", "c01260341f50", "f200840ac1ed",
     ),
 }
 

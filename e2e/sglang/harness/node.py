@@ -195,11 +195,21 @@ class Prefill:
             room = plan["room"]
             ev = node.events.setdefault(room, {})
             ev["write_started"] = time.time()
+            if plan["mode"] == "fail_inflight":
+                # The write goes on the wire now; the call returns -1 at +delay while it
+                # is still running (Mooncake's wall-clock timeout, batch still posted).
+                def inflight() -> None:
+                    rc = orig(eng, session_id, srcs, dsts, lens)
+                    ev["write_landed" if rc == 0 else "write_refused"] = time.time()
+                threading.Thread(target=inflight, daemon=True).start()
+                time.sleep(plan["delay"])
+                ev["returned_fail"] = time.time()
+                return -1
             if plan["mode"] == "fail":
                 def late() -> None:
                     time.sleep(plan["delay"])
-                    orig(eng, session_id, srcs, dsts, lens)
-                    ev["write_landed"] = time.time()
+                    rc = orig(eng, session_id, srcs, dsts, lens)
+                    ev["write_landed" if rc == 0 else "write_refused"] = time.time()
                 threading.Thread(target=late, daemon=True).start()
                 ev["returned_fail"] = time.time()
                 return -1

@@ -36,6 +36,12 @@ SMALL = 16  # pages per request (x 8 buffers x 8 KiB = 1 MiB)
 LARGE = 4096  # 256 MiB
 
 
+#: Rules run with kvfence installed: ``kvfence``, and ``reset`` (KVFENCE_SGLANG_RESET=1).
+GATED = ("kvfence", "reset")
+#: Scenarios where a failed write resets the prefill's transport under ``reset``.
+RESETS = ("write_failed", "write_failed_inflight")
+
+
 class Scenario:
     def __init__(self, name: str, racing: bool, doc: str, fn: Callable[..., Dict[str, Any]],
                  by_name: bool = False):
@@ -59,7 +65,11 @@ class Pair:
     def __init__(self, rule: str, python: str, logdir: str, base: int) -> None:
         self.rule = rule
         env = {"KVFENCE_SGLANG": "1", "KVFENCE_SGLANG_QUARANTINE_AFTER": "4.5"} \
-            if rule == "kvfence" else {"KVFENCE_SGLANG": "0"}
+            if rule in GATED else {"KVFENCE_SGLANG": "0"}
+        if rule == "reset":
+            # The transport reset (kvfence.sglang.reset), started by a reported failed
+            # write only (no time trigger: the other scenarios' holds stay as they are).
+            env.update(KVFENCE_SGLANG_RESET="1", KVFENCE_SGLANG_RESET_AFTER="never")
         self.env, self.python, self.logdir = env, python, logdir
         self.bport, self.base = base, base + 1000
         self.addr = "127.0.0.1:%d" % self.bport
@@ -69,7 +79,7 @@ class Pair:
         self.p.wait_ready()
         r = self.d.wait_ready()
         self.start_s = time.time() - t0
-        if (rule == "kvfence") != bool(r["kvfence"].get("installed")):
+        if (rule in GATED) != bool(r["kvfence"].get("installed")):
             raise RuntimeError("rule %s but kvfence installed=%s" % (rule, r["kvfence"]))
         self.d.call(op="connect", addr=self.addr)
         self.room = random.getrandbits(60)
@@ -199,6 +209,16 @@ def s_write_failed(pp: Pair, run: int) -> Dict[str, Any]:
         pp.p.call(op="unblacklist")
 
 
+def s_write_failed_inflight(pp: Pair, run: int) -> Dict[str, Any]:
+    # A 256 MiB write on the wire when the transfer call returns -1 (at +50 ms; the write
+    # goes on: Mooncake's timeout with the batch still running). R2 at +1.5 s at the latest.
+    try:
+        return race(pp, run, mode="fail_inflight", delay=0.05, deadline=0.5, budget=5.5,
+                    pages=LARGE, r2_by=1.5)
+    finally:
+        pp.p.call(op="unblacklist")
+
+
 def s_deferred_off(pp: Pair, run: int) -> Dict[str, Any]:
     return race(pp, run, mode="hold", delay=1.0, deadline=30.0, budget=2.0, deferred=False)
 
@@ -273,6 +293,8 @@ SCENARIOS = [
              s_chunk_after_check),
     Scenario("deadline_expired", True, "write in flight 1.5 s, deadline 0.5 s", s_deadline_expired),
     Scenario("write_failed", True, "-1 while the bytes keep going (+1 s)", s_write_failed),
+    Scenario("write_failed_inflight", True, "256 MiB write on the wire when -1 returns",
+             s_write_failed_inflight, by_name=True),
     Scenario("deferred_off", True, "deferred release switched off", s_deferred_off),
     Scenario("large_write", True, "256 MiB write, no delay, deadline 10 ms", s_large_write),
     Scenario("heartbeat_live", True, "heartbeat fails, prefill alive, writing 3.5 s", s_heartbeat_live),
@@ -288,7 +310,10 @@ def account(pp: Pair, before_q: int) -> Dict[str, Any]:
     st = pp.d.call(op="settle", seconds=0.3)
     kv = st["kvfence"]
     q_rooms = sum(g["quarantined_rooms"] for g in kv.get("decode", []))
-    return {"free": st["free"], "total": st["total"], "held_pages": st["held_pages"],
+    resets = [g.get("reset") or {} for g in kv.get("decode", [])]
+    return {"resets": sum(r.get("resets", 0) for r in resets),
+            "reset_proven": sum(r.get("proven", 0) for r in resets),
+            "reset_refused": sum(r.get("refused_requests", 0) for r in resets),"free": st["free"], "total": st["total"], "held_pages": st["held_pages"],
             "held": st["held"], "queue": st["queue"], "quarantined_rooms": q_rooms,
             "quarantined_kv_pages": st.get("quarantined_kv_pages", 0)}
 
@@ -317,6 +342,9 @@ def run_rule(rule: str, args: argparse.Namespace, python: str, logdir: str, base
                     or out.get("r0_bad_pages", 0) > 0
                 lost = acc["total"] - acc["free"] - acc["held_pages"] - acc["quarantined_kv_pages"]
                 rows.append({"corrupted": corrupted, "lost_pages": lost,
+                             "resets": acc["resets"] - before["resets"],
+                             "reset_proven": acc["reset_proven"] - before["reset_proven"],
+                             "reset_refused": acc["reset_refused"] - before["reset_refused"],
                              "refused_chunks": out.get("refused_chunks", 0),
                              "held_pages_at_end": acc["held_pages"],
                              "quarantined_pages": acc["quarantined_kv_pages"],
@@ -338,6 +366,11 @@ def run_rule(rule: str, args: argparse.Namespace, python: str, logdir: str, base
                 "quarantined_pages": sum(r["quarantined_pages"] for r in rows),
                 "refused_chunks": sum(r["refused_chunks"] for r in rows),
                 "released_after_median_s": statistics.median(rel) if rel else None,
+                "released_after_max_s": max(rel) if rel else None,
+                "r2_reused_r1_runs": sum(bool(r["r2_reused_r1_pages"]) for r in rows),
+                "resets": sum(r["resets"] for r in rows),
+                "reset_proven": sum(r["reset_proven"] for r in rows),
+                "reset_refused": sum(r["reset_refused"] for r in rows),
                 "rows": rows if args.verbose else None,
             })
     finally:
@@ -371,7 +404,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: List[Dict[str, Any]] = []
     t0 = time.time()
     for i, rule in enumerate(r for r in args.rules.split(",") if r):
-        if rule not in ("stock", "kvfence"):
+        if rule not in ("stock",) + GATED:
             ap.error("unknown rule %r" % rule)
         results += run_rule(rule, args, args.python, logdir, base + 5000 * i, log)
     doc = {"runs": args.runs, "kill_runs": args.kill_runs, "seconds": time.time() - t0,
@@ -383,16 +416,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
-        print("%-17s %-7s %-7s %5s %9s %6s %8s %11s" % ("scenario", "rule", "racing", "runs",
-              "corrupted", "lost", "quaran.", "released@"))
+        print("%-21s %-7s %-7s %5s %9s %6s %8s %11s %7s" % ("scenario", "rule", "racing",
+              "runs", "corrupted", "lost", "quaran.", "released@", "resets"))
         for r in results:
             rel = r["released_after_median_s"]
-            print("%-17s %-7s %-7s %5d %9d %6d %8d %11s" % (
+            print("%-21s %-7s %-7s %5d %9d %6d %8d %11s %7d" % (
                 r["scenario"], r["rule"], "yes" if r["racing"] else "no", r["runs"],
                 r["corrupted_runs"], r["lost_pages"], r["quarantined_pages"],
-                "%.3f s" % rel if rel is not None else "held"))
+                "%.3f s" % rel if rel is not None else "held", r["resets"]))
         print("(%.0f s; deadlines scaled: see --help)" % doc["seconds"])
-    bad = [r for r in results if r["rule"] == "kvfence" and (r["corrupted_runs"] or r["lost_pages"])]
+    bad = [r for r in results if r["rule"] in GATED and (r["corrupted_runs"] or r["lost_pages"])]
+    # The reset must give a failed write's pages back (never quarantine them), and prove
+    # it ran: one reset per run, each proven.
+    bad += [r for r in results if r["rule"] == "reset" and r["scenario"] in RESETS and (
+        r["quarantined_pages"] or r["released_after_median_s"] is None
+        or r["reset_proven"] < r["runs"])]
+    for r in bad:
+        log("FAIL: %s under %s: %s" % (r["scenario"], r["rule"], {
+            k: r[k] for k in ("corrupted_runs", "lost_pages", "quarantined_pages",
+                              "released_after_median_s", "resets", "reset_proven")}))
     return 1 if bad else 0
 
 

@@ -331,7 +331,8 @@ def snapshot() -> Dict[str, Any]:
                     "records": len(g.records), "decided": len(g.decided),
                     "held_for_good": len(g.held_for_good), "unguarded_rooms": g.unguarded_rooms,
                     "ignored_acks": g.ignored_acks, "dropped_rooms": g.dropped_rooms,
-                    "retired_unfenced": sum(len(v) for v in list(g.retired.values()))})
+                    "retired_unfenced": sum(len(v) for v in list(g.retired.values())),
+                    "reset": None if g.resets is None else g.resets.status()})
     pre: List[Dict[str, Any]] = []
     for p in list(_state.prefill_gates):
         s = p.table.stats()

@@ -63,6 +63,15 @@ class Config:
       the heartbeat declared dead is checked for a torn-down transport before its ranks
       are fenced.
     * ``metrics`` (``KVFENCE_SGLANG_METRICS``, 1): register the Prometheus collector.
+    * ``reset`` (``KVFENCE_SGLANG_RESET``, 0): the transport reset (:mod:`.reset`): each
+      prefill instance writes to a Mooncake engine of this decode of its own, and a
+      failed write (-1) resets it (engine destroyed, proven, its writer ids fenced), so a
+      -1 costs its pages for the teardown's time instead of for good. Mooncake TCP,
+      SGLang 0.5.23, no staging.
+    * ``reset_after`` (``KVFENCE_SGLANG_RESET_AFTER``, 5): with ``reset``, an aborted
+      room of the current generation still waiting for an ACK after this many seconds
+      resets its prefill's transport too (``never``: only a reported failed write does).
+      Time starts a reset; only the teardown proof releases pages.
     """
 
     rooms: int = 65536
@@ -70,6 +79,8 @@ class Config:
     overdue_after: float = 30.0
     teardown_poll: float = 0.1
     metrics: bool = True
+    reset: bool = False
+    reset_after: Optional[float] = 5.0
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
@@ -83,4 +94,6 @@ class Config:
             overdue_after=30.0 if overdue is None else overdue,
             teardown_poll=0.1 if poll is None or poll == 0 else poll,
             metrics=e.get("KVFENCE_SGLANG_METRICS", "1") not in ("0", "false", "no"),
+            reset=e.get("KVFENCE_SGLANG_RESET", "0") not in ("0", "false", "no", ""),
+            reset_after=_float(e, "KVFENCE_SGLANG_RESET_AFTER", 5.0),
         )

@@ -99,6 +99,7 @@ import kvfence
 from . import _state
 from ._patching import require_params
 from ._state import RankRegistry, logger
+from .reset import Generation, NoGeneration, Resets, _override
 from .teardown import mooncake_tcp_torn_down, not_torn_down
 
 __all__ = ["DecodeGate", "RoomRecord", "patches"]
@@ -131,16 +132,17 @@ class _Writers:
     """One prefill instance's writer set (``DecodeGate.writer_cache``): the kvfence ids
     of the ranks a request's destinations go to, shared by every request to it."""
 
-    __slots__ = ("info", "addr", "writers", "rank_of", "infos", "error")
+    __slots__ = ("info", "addr", "writers", "rank_of", "infos", "error", "gen")
 
     def __init__(self, info: Any, addr: str, writers: List[int], rank_of: Dict[int, int],
-                 infos: Any, error: Optional[str]) -> None:
+                 infos: Any, error: Optional[str], gen: Optional[Generation] = None) -> None:
         self.info = info  # the instance's prefill_info (kept: its id is the cache key)
         self.addr = addr
         self.writers = writers  # kvfence ids
         self.rank_of = rank_of  # SGLang prefill rank -> kvfence id
         self.infos = infos  # the first receiver's bootstrap_infos (the ranks' endpoints)
         self.error = error  # why kvfence cannot open a room for this set (None: it can)
+        self.gen = gen  # the transport generation the ids were handed out under (.reset)
 
 
 # ``RoomRecord(...)`` runs the NamedTuple's Python ``__new__``; the per-request path builds
@@ -210,6 +212,12 @@ class DecodeGate:
     # (hosts a writer of the instance may connect from, its endpoints) -> torn down?
     proof: Callable[..., bool] = mooncake_tcp_torn_down
     managers: "weakref.WeakSet[Any]" = field(default_factory=weakref.WeakSet)
+    # The transport generations (KVFENCE_SGLANG_RESET=1; None: off): .reset
+    resets: Optional[Resets] = None
+    # bootstrap_rooms whose prefill reported a failed write (apply_prefill_status, decode
+    # thread: list.append), taken by drain (scheduler thread: one swap): each held
+    # request of such a room resets its transport generation.
+    failed_writes: List[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.capacity = self.table.rooms
@@ -248,10 +256,23 @@ class DecodeGate:
         receiver._kvfence = None
         room = receiver.bootstrap_room
         writers = c.writers
+        gen = c.gen
+        glock = self.resets.lock if gen is not None and self.resets is not None else None
         drained = False
         while True:
             try:
-                h = self.table.open(writers, None, room & 0xFFFF_FFFF_FFFF_FFFF)
+                if glock is None:
+                    h = self.table.open(writers, None, room & 0xFFFF_FFFF_FFFF_FFFF)
+                else:
+                    # Its transport generation torn down and its ids fenced: nothing of
+                    # theirs can land, and they are being readmitted (.reset), so the
+                    # room must not name them. Under the lock the teardown thread sets
+                    # `proven` under: an open before that is released by the fence (or
+                    # refused, RankFenced, below).
+                    with glock:
+                        if gen.proven:
+                            writers = []
+                        h = self.table.open(writers, None, room & 0xFFFF_FFFF_FFFF_FFFF)
                 break
             except kvfence.RankFenced as e:
                 if e.rank not in writers:
@@ -291,13 +312,23 @@ class DecodeGate:
         self.records[h] = rec
         self.room_handles[room] = self.room_handles.get(room, ()) + (h,)
         receiver._kvfence = h
+        if gen is not None and not gen.retired and self.resets is not None:
+            # The prefill reported its write failed (-1: the bytes may still land, and it
+            # will never ACK): reset its transport now (.reset) rather than hold for good.
+            records = getattr(receiver.kv_mgr, "failure_records", None)
+            failed = records.get(room) if records else None
+            if isinstance(failed, str) and failed.startswith(_SEND_FAILED):
+                self.resets.reset(self, receiver.kv_mgr, gen,
+                                  "request %s: %s" % (room, failed))
         return h
 
-    def writers_of(self, receiver: Any) -> "_Writers":
+    def writers_of(self, receiver: Any, gen: Optional[Generation] = None) -> "_Writers":
         """The writer set of ``receiver``'s prefill instance (``writer_cache``'s entry,
         made or remade here: once per instance). The kvfence ids of the prefill ranks its
         destinations go to, as their ACKs name them (``_prefill_unique_rank =
-        attn_tp_rank*(pp*cp) + pp_rank*cp + cp_rank``)."""
+        attn_tp_rank*(pp*cp) + pp_rank*cp + cp_rank``). ``gen``: the transport generation
+        the receiver registered under (:mod:`.reset`), which the ids are handed out
+        under."""
         info = receiver.prefill_info
         addr = receiver.bootstrap_addr
         cps, tps, pps = receiver.target_cp_ranks, receiver.target_tp_ranks, receiver.target_pp_ranks
@@ -327,7 +358,9 @@ class DecodeGate:
             # Released by this call, or queued (the drain forgets a "finished" release).
             self.table.finish_drained(probe)
         c = self.writer_cache[id(info)] = _Writers(
-            info, addr, ids, dict(zip(unique, ids)), receiver.bootstrap_infos, error)
+            info, addr, ids, dict(zip(unique, ids)), receiver.bootstrap_infos, error, gen)
+        if gen is not None:
+            gen.ids.update(ids)
         return c
 
     def drain(self) -> None:
@@ -343,7 +376,15 @@ class DecodeGate:
                     rec = self.records.get(h)
                     if rec is None or h in self.decided:
                         continue
-                    if q is not None and now - t >= q:
+                    gen = rec.holds[0].gen
+                    ra = _state.config.reset_after
+                    if gen is not None and ra is not None and now - t >= ra \
+                            and not gen.retired and self.resets is not None:
+                        # Time starts a reset; only its teardown proof releases.
+                        mgr = next(iter(self.managers), None)
+                        self.resets.reset(self, mgr, gen, "aborted request %s held %.1f s "
+                                          "with no ABORT_ACK" % (rec.room, now - t))
+                    elif q is not None and now - t >= q:
                         self.quarantine(h, "no ACK and no fence for %.1f s" % (now - t))
                     elif now - t >= overdue and \
                             now - self.overdue_logged.get(rec.addr, -1e18) >= 300:
@@ -356,6 +397,8 @@ class DecodeGate:
                             "with kvfence (KVFENCE_SGLANG=1). Its pages stay held until its "
                             "writers ACK or are fenced (fence_prefill)", rec.room, now - t,
                             rec.addr)
+        if self.failed_writes:
+            self.reset_failed()
         if not self.table.queued_releases():
             return
         # (handle, reason) pairs, no Released object each (the gate's rooms carry no page
@@ -370,6 +413,22 @@ class DecodeGate:
                 self.forget(h)
             else:
                 decided[h] = why
+
+    def reset_failed(self) -> None:
+        """Resets the transport generation of every held request of a room whose prefill
+        reported a failed write since the last call (:attr:`failed_writes`)."""
+        rooms, self.failed_writes = self.failed_writes, []
+        rs = self.resets
+        if rs is None:
+            return
+        mgr = next(iter(self.managers), None)
+        for room in rooms:
+            for h in self.room_handles.get(room, ()):
+                rec = self.records.get(h)
+                gen = rec.holds[0].gen if rec is not None else None
+                if gen is not None and not gen.retired and h not in self.decided:
+                    rs.reset(self, mgr, gen, "its prefill reported request %s's write "
+                             "failed" % room)
 
     def forget(self, h: int) -> Optional[RoomRecord]:
         """Drops the record of ``h`` (and ``h`` from its bootstrap_room's handles; the
@@ -571,6 +630,10 @@ class DecodeGate:
 _WHY_FIRST = 10.0
 _WHY_EVERY = 60.0
 _KEY = "_kvfence_gate"  # the gate, an attribute of a decode manager
+# How SGLang's prefill words a failed write (conclude_failure: "Failed to send kv chunk of
+# ...", "Failed to send state components of ..."), recorded on the decode as the room's
+# failure (apply_prefill_status): what starts a reset at once.
+_SEND_FAILED = "Failed to send"
 _monotonic = time.monotonic
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 _ERROR = kvfence.Error
@@ -600,6 +663,7 @@ def _is_host_0522(queue: Any, decode_req: Any) -> bool:
 # Whether a held entry is a host destination (SGLang asks its receiver, not its manager):
 # set by patches() for the release installed.
 _IS_HOST: Callable[[Any, Any], bool] = _is_host_0523
+_RELEASE = "0.5.23"  # the SGLang release patched (set by patches())
 _DEVICE: Any = None  # KVTransferDestination.DEVICE, send_metadata's default (set by patches())
 # Wrappers read these with getattr(obj, name, None), never through obj.__dict__: in CPython
 # 3.11+ touching an instance's __dict__ moves its attributes out of the inline values
@@ -616,6 +680,15 @@ def attach(mgr: Any) -> DecodeGate:
     """Attaches a gate to a decode manager (from the wrapped ``__init__``)."""
     gate = DecodeGate(kvfence.RoomTable(_state.config.rooms))
     gate.managers.add(mgr)
+    if _state.config.reset:
+        from .reset import unsupported
+        why = unsupported(mgr, _RELEASE)
+        if why is None:
+            gate.resets = Resets(_RELEASE)
+        else:
+            logger.error("kvfence: KVFENCE_SGLANG_RESET=1 but the transport reset cannot "
+                         "run here: %s; a failed write holds its pages until its prefill "
+                         "is fenced", why)
     setattr(mgr, _KEY, gate)
     # Mooncake sends the generation-tagged drain ACK; kvfence needs it whatever
     # SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE says.
@@ -643,6 +716,13 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
                       device_kv_indices: Any = None) -> Any:
         gate = getattr(self.kv_mgr, _KEY, None)
         if gate is not None and self.bootstrap_infos is not None:
+            pin = getattr(self, _ATTR, None)
+            if pin is not None and type(pin) is Generation:
+                # KVFENCE_SGLANG_RESET: sent under the generation it registered under
+                # (.reset), or not at all.
+                return _send_pinned(self, gate, pin, orig, kv_indices, aux_index,
+                                    state_indices, decode_prefix_len, destination,
+                                    device_kv_indices)
             # The writers depend only on the prefill instance: its info, which SGLang
             # makes once per instance (try_ensure_parallel_info, which sets its target
             # ranks before publishing it) and every receiver of it reads at init. One
@@ -664,6 +744,78 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
         return orig(self, kv_indices, aux_index, state_indices, decode_prefix_len,
                     destination, device_kv_indices)
     return send_metadata
+
+
+def _send_pinned(recv: Any, gate: DecodeGate, gen: Generation, orig: Callable[..., Any],
+                 *args: Any) -> Any:
+    """``send_metadata`` of a receiver registered under transport generation ``gen``
+    (:mod:`.reset`): refused if ``gen`` was reset since (its engine is going away; the
+    request fails before anything is sent), else sent with ``gen``'s session id and
+    kvfence ids handed out under ``gen``."""
+    rs = gate.resets
+    if gen.retired or rs is None:
+        if rs is not None:
+            rs.refused += 1
+        gate.refuse(recv, "the transport to prefill %s was reset after this request "
+                          "registered (generation %d)" % (gen.addr, gen.no))
+        recv._kvfence = None
+        return None
+    info = recv.prefill_info
+    c = gate.writer_cache.get(id(info))
+    if c is None or c.info is not info or c.gen is not gen:
+        c = gate.writers_of(recv, gen)
+    if c.error is not None:
+        gate.refuse(recv, c.error)
+        recv._kvfence = None
+        return None
+    recv._kvfence = (c, args[0], args[1], args[2])
+    _override.session = gen.session
+    try:
+        return orig(recv, *args)
+    finally:
+        _override.session = None
+
+
+def _setup_bootstrap_infos(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CommonKVReceiver._setup_bootstrap_infos`` (0.5.23), with KVFENCE_SGLANG_RESET:
+    the request's prefill instance gets its transport generation (made on first contact
+    or after a reset), under whose session SGLang registers this decode's KV args there
+    (once per generation: a reset drops SGLang's cached registration); the receiver keeps
+    the generation (``_kvfence``) for its ``send_metadata``."""
+
+    def _setup_bootstrap_infos(self: Any) -> Any:
+        mgr = self.kv_mgr
+        gate = getattr(mgr, _KEY, None)
+        rs = None if gate is None else gate.resets
+        if rs is None:
+            return orig(self)
+        try:
+            gen = rs.generation(mgr, self.bootstrap_addr)
+        except NoGeneration as e:
+            gate.refuse(self, str(e))  # type: ignore[union-attr]
+            from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+            self.conclude_state = KVPoll.Failed
+            return None
+        if gen is None:
+            return orig(self)  # SGLang's shared engine for this instance (logged)
+        _override.session = gen.session
+        try:
+            return orig(self)
+        finally:
+            _override.session = None
+            self._kvfence = gen
+    return _setup_bootstrap_infos
+
+
+def _get_session_id(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``MooncakeKVManager.get_session_id``: the transport generation's session on a
+    thread inside :func:`_setup_bootstrap_infos` or :func:`_send_pinned` (.reset);
+    SGLang's own otherwise."""
+
+    def get_session_id(self: Any) -> Any:
+        s = _override.session
+        return orig(self) if s is None else s
+    return get_session_id
 
 
 def _send_metadata_0522(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -698,7 +850,7 @@ def _send_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self, force_arm=force_arm)
         h = getattr(self, _ATTR, None)
         if type(h) is not int:
-            if h is None:
+            if h is None or type(h) is Generation:
                 # No metadata went out under kvfence: SGLang's own.
                 return orig(self, force_arm=force_arm)
             # The first abort of a request whose metadata went out: its room opens now,
@@ -775,6 +927,23 @@ def _note_abort_ack(orig: Callable[..., Any]) -> Callable[..., Any]:
             gate.ignored_acks += 1
         orig(self, bootstrap_room, prefill_rank, generation)
     return note_abort_ack
+
+
+def _apply_prefill_status(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``CommonKVManager.apply_prefill_status`` (decode thread), with the transport reset
+    on: a prefill's "Failed to send ..." for a room kvfence holds (the decode may have
+    aborted it first, and SGLang may drop the status for a cleared room) is noted for the
+    scheduler thread's next drain, which resets that request's transport generation."""
+
+    def apply_prefill_status(self: Any, *, bootstrap_room: int, status: int,
+                             prefill_rank: int, failure_reason: Optional[str] = None) -> Any:
+        gate = getattr(self, _KEY, None)
+        if gate is not None and gate.resets is not None and failure_reason is not None \
+                and str(failure_reason).startswith(_SEND_FAILED):
+            gate.failed_writes.append(bootstrap_room)
+        return orig(self, bootstrap_room=bootstrap_room, status=status,
+                    prefill_rank=prefill_rank, failure_reason=failure_reason)
+    return apply_prefill_status
 
 
 def _handle_abort_ack_message(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -1140,8 +1309,9 @@ def patches(release: str = "0.5.23"
 
     from sglang.srt.disaggregation.common.conn import ABORT_ACK_TAG  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    global _SUCCESS, _DEVICE, _ABORT_ACK_TAG, _IS_HOST
+    global _SUCCESS, _DEVICE, _ABORT_ACK_TAG, _IS_HOST, _RELEASE
     _SUCCESS = KVPoll.Success
+    _RELEASE = release
     _DEVICE = KVTransferDestination.DEVICE
     _ABORT_ACK_TAG = ABORT_ACK_TAG
     # The send_metadata wrapper mirrors SGLang's parameters (no *args repacking): refuse,
@@ -1157,7 +1327,14 @@ def patches(release: str = "0.5.23"
         _IS_HOST = _is_host_0523
     else:
         raise ValueError("kvfence.sglang: no decode patch table for SGLang %s" % release)
-    return [
+    extra: List[Tuple[type, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = []
+    if release == "0.5.23":
+        from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        # The transport reset (KVFENCE_SGLANG_RESET; SGLang's own where it is off).
+        extra = [(CommonKVReceiver, "_setup_bootstrap_infos", _setup_bootstrap_infos),
+                 (CommonKVManager, "apply_prefill_status", _apply_prefill_status),
+                 (MooncakeKVManager, "get_session_id", _get_session_id)]
+    return extra + [
         send,
         (CommonKVReceiver, "_send_abort_notification", _send_abort_notification),
         (CommonKVManager, "register_deferred_abort_room", _register_deferred_abort_room),

@@ -21,6 +21,10 @@ metric                                     type   meaning
 ``kvfence_sglang_refused_rooms_total``     count  prefill requests failed: no room free
 ``kvfence_sglang_dropped_rooms_total``     count  held requests SGLang dropped unfreed
                                                   (``release_memory_occupation``)
+``kvfence_sglang_transport_resets_total``  count  prefill transports reset (``.reset``)
+``kvfence_sglang_reset_refused_total``     count  requests failed by a reset (registered
+                                                  under the generation reset, not sent)
+``kvfence_sglang_reset_rooms_total``       count  held rooms released by a reset's fence
 =========================================  =====  ==============================================
 """
 
@@ -43,7 +47,8 @@ def values() -> Dict[str, float]:
     v: Dict[str, float] = dict.fromkeys(
         ["held_rooms", "held_pages", "overdue_rooms", "fenced_ranks", "quarantined_rooms",
          "quarantined_pages", "refused_chunks", "failed_writes", "unguarded_rooms",
-         "refused_rooms", "dropped_rooms"], 0.0)
+         "refused_rooms", "dropped_rooms", "transport_resets", "reset_refused",
+         "reset_rooms"], 0.0)
     for g in list(_state.decode_gates):
         # The aborted rooms whose pages are not freed yet (open, or released by kvfence
         # and waiting for SGLang's next scan to free them).
@@ -60,6 +65,11 @@ def values() -> Dict[str, float]:
         v["quarantined_pages"] += g.quarantined_pages
         v["unguarded_rooms"] += g.unguarded_rooms
         v["dropped_rooms"] += g.dropped_rooms
+        rs = g.resets
+        if rs is not None:
+            v["transport_resets"] += rs.resets
+            v["reset_refused"] += rs.refused
+            v["reset_rooms"] += rs.released_rooms
     for p in list(_state.prefill_gates):
         v["refused_chunks"] += p.refused_chunks
         v["failed_writes"] += p.failed_transfers
@@ -81,6 +91,11 @@ _HELP = {
     "refused_rooms": ("counter", "Prefill requests failed because no kvfence room was free"),
     "dropped_rooms": ("counter", "Held requests SGLang dropped without freeing them "
                                  "(release_memory_occupation)"),
+    "transport_resets": ("counter", "Prefill transports to this decode reset "
+                                    "(KVFENCE_SGLANG_RESET)"),
+    "reset_refused": ("counter", "Requests failed because their prefill's transport was "
+                                 "reset before their metadata went out"),
+    "reset_rooms": ("counter", "Held rooms released by a transport reset's fence"),
 }
 
 

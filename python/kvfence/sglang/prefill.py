@@ -317,8 +317,37 @@ def _poison_unsettled_send(orig: Callable[..., Any]) -> Callable[..., Any]:
                 except _ROOM_GONE:
                     logger.error("kvfence: a write to prefill room %s failed after the "
                                  "room was closed", room)
-        return orig(self, room)
+        out = orig(self, room)
+        if _gate(self) is not None:
+            _tell_decode(self, room)
+        return out
     return _poison_unsettled_send
+
+
+def _tell_decode(mgr: Any, room: int) -> None:
+    """Tells the room's decode endpoints that a write of it failed (-1): a Failed status
+    with a fourth frame, the reason, starting "Failed to send". SGLang's Mooncake manager
+    sends no reason (``kv_status_msg_carries_reason`` is False) and keeps a room's first
+    failure, so a decode that aborted first could not tell a -1 from any other failure.
+    SGLang's decode parses a fourth frame as the reason (``parse_kv_status_message``):
+    a kvfence decode with the transport reset (:mod:`.reset`) resets the request's
+    generation on it; any decode records it for a room it still tracks (failed already)
+    and drops it for a cleared one (``apply_prefill_status``)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    from sglang.srt.disaggregation.common.conn import NetworkAddress  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    reason = ("Failed to send: a write of room %s returned -1 (its bytes may still land; "
+              "kvfence)" % room)
+    try:
+        parts = mgr._encode_kv_status_message(bootstrap_room=room, status=KVPoll.Failed,
+                                              failure_reason=reason)
+        if not mgr.kv_status_msg_carries_reason:
+            parts.append(reason.encode("utf-8"))
+        for endpoint, port in mgr._room_notify_targets(room):
+            na = NetworkAddress(endpoint, port)
+            mgr._send_multipart_locked(na.to_tcp(), parts, is_ipv6=na.is_ipv6)
+    except Exception as e:  # noqa: BLE001 - the decode falls back to its time trigger
+        logger.warning("kvfence: could not tell the decode that room %s's write "
+                       "failed: %s", room, e)
 
 
 def _handle_abort_notification(orig: Callable[..., Any]) -> Callable[..., Any]:
