@@ -31,6 +31,14 @@ class CtlDir:
         """Whether ``CTL/name`` exists."""
         return os.path.exists(os.path.join(self.ctl, name))
 
+    def read_ctl(self, name: str) -> "str | None":
+        """The text of ``CTL/name`` (None if absent)."""
+        try:
+            with open(os.path.join(self.ctl, name)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
     def wait_ctl(self, name: str, timeout: float) -> bool:
         """Polls until ``CTL/name`` exists (True) or ``timeout`` s passed (False)."""
         t0 = time.time()

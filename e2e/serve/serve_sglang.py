@@ -76,6 +76,7 @@ class Tally(tally.Tally):
         self.victim_wrong = 0
         self.overlap: List[int] = []
         self.landed = 0
+        self.late_writes_refused = 0  # late writes the decode refused (its engine gone)
         self.cancelled = 0
         self.fenced = 0
         self.slots_read = 0  # faults whose KV slots the page log gave (else no victim can be seen)
@@ -85,6 +86,7 @@ class Tally(tally.Tally):
         return {**super().row(), "faulted": self.faulted,
                 "faulted_answered": self.faulted_answered, "victims": self.victims,
                 "victim_overlap_slots": self.overlap, "late_writes_landed": self.landed,
+                "late_writes_refused": self.late_writes_refused,
                 "cancelled": self.cancelled, "fenced": self.fenced,
                 "faulted_slots_read": self.slots_read, "notes": self.notes}
 
@@ -206,6 +208,10 @@ def write_failed(pair: Pair, data: Dict[str, Any], t: Tally, run: int) -> None:
     # 3. Requests one at a time, each paused before its first decode step; the first
     #    one given F's slots is the victim: F's late bytes land while it is paused.
     _victims(pair, data, t, run, f_slots, "land", "landed")
+    # Under the reset rule the late write goes to the decode's torn-down engine: refused.
+    rc = pair.read_ctl("landed")
+    if rc is not None and rc.strip() not in ("0", ""):
+        t.late_writes_refused += 1
     for f in ("land", "landed"):
         pair.remove(f)
 
@@ -420,6 +426,9 @@ _LOCK = threading.Lock()
 SCENARIOS = {"normal": normal, "write_failed": write_failed, "deadline_expired": deadline_expired,
              "client_disconnect": client_disconnect, "prefill_killed": prefill_killed}
 RACING = {"write_failed", "deadline_expired"}
+#: What the ``reset`` rule (kvfence with KVFENCE_SGLANG_RESET=1) runs: the control and the
+#: failed write, whose slots it gives back (the other scenarios have no -1: as kvfence).
+RESET_SCENARIOS = ("normal", "write_failed")
 
 
 def idle(pair: Pair, base: int = 0, timeout: float = 10.0) -> Dict[str, Any]:
@@ -445,7 +454,9 @@ def main() -> int:
     ap.add_argument("logdir")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
-    ap.add_argument("--rules", default="stock,kvfence")
+    ap.add_argument("--rules", default="stock,kvfence",
+                    help="stock, kvfence, reset (kvfence with KVFENCE_SGLANG_RESET=1: runs "
+                         "normal and write_failed only)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     data = _model.load(a.model_dir)
@@ -467,6 +478,8 @@ def main() -> int:
         print(f"pairs up in {time.time() - t_start:.0f} s ({', '.join(rules)}, started at once)", flush=True)
         for rule, pair in pairs.items():
             for name in a.scenarios.split(","):
+                if rule == "reset" and name not in RESET_SCENARIOS:
+                    continue
                 t = Tally()
                 t0 = time.time()
                 before = pair.decode.used_tokens()  # slots an earlier scenario left held
@@ -483,6 +496,8 @@ def main() -> int:
                 engine="sglang", rule=rule, scenario="(log)",
                 released_anyway=dlog.count(RELEASED_ANYWAY),
                 injected_failures=plog.count("write_failed: returned -1"),
+                transport_resets=dlog.count("kvfence: resetting prefill"),
+                resets_torn_down=len(re.findall(r"transport generation \d+ torn down", dlog)),
                 kvfence_installed_lines=len(re.findall(r"kvfence\.sglang installed in this process \([^)]*\): True", dlog + plog)),
                 kvfence_absent_lines=len(re.findall(r"kvfence\.sglang installed in this process \([^)]*\): False", dlog + plog)),
                 standin_called=("KVFENCE-STANDIN-CALLED" in dlog + plog),

@@ -97,9 +97,10 @@ case ",$scen," in *,prefill_killed,*)
 esac
 : > "$OUT/checks-sglang.txt"
 if [ "$scen" != - ]; then
-echo "== SGLang pairs, stock and kvfence started at once; scenarios $scen, $RUNS run(s) each"
+echo "== SGLang pairs, ${RULES:-stock,kvfence,reset} started at once; scenarios $scen, $RUNS run(s) each (reset: normal, write_failed)"
 t0=$SECONDS
 (cd "$here" && "$PY" serve_sglang.py "$MODEL" "$OUT/sglang" --runs "$RUNS" --scenarios "$scen" \
+    --rules "${RULES:-stock,kvfence,reset}" \
     --out "$OUT/serve-sglang.json") 2>&1 | tee "$OUT/serve-sglang.out"
 echo "   scenarios done in $((SECONDS - t0)) s"
 if [ ! -s "$OUT/serve-sglang.json" ]; then
@@ -163,6 +164,15 @@ for r in rows:
             check(left == 0,
                   "%s: the decode's KV slots back at idle once the held writes drained and prefill A ACKed (%d left in use)"
                   % (tag, left))
+        elif r["racing"] and r["rule"] == "reset":
+            # kvfence with its transport reset: the -1 room's slots come back once the old
+            # engine is proven gone, and the late bytes can no longer land anywhere.
+            check(r["victims"] > 0 and r["late_writes_refused"] == r["faulted"] > 0,
+                  "%s: the failed request's slots came back and were given to a later request "
+                  "(%d victim(s)), and its late write was refused by the torn-down transport "
+                  "(%d of %d), so they answered right" % (tag, r["victims"],
+                                                         r["late_writes_refused"], r["faulted"]))
+            check(left == 0, "%s: the decode's KV slots back at idle (%d left in use)" % (tag, left))
         elif r["racing"]:
             held = r["faulted"] * PROMPT
             check(r["victims"] == 0 and r["late_writes_landed"] == r["faulted"],
@@ -180,18 +190,23 @@ for r in rows:
                       % (tag, r["fenced"], r["faulted"]))
 for r in rows:
     if r["scenario"] == "(log)":
-        if r["rule"] == "kvfence":
-            check(r["released_anyway"] == 0, "sglang kvfence: the decode never released a page on SGLang's deadline (%d 'releasing anyway')" % r["released_anyway"])
+        if r["rule"] in ("kvfence", "reset"):
+            check(r["released_anyway"] == 0, "sglang %s: the decode never released a page on SGLang's deadline (%d 'releasing anyway')" % (r["rule"], r["released_anyway"]))
+        if r["rule"] == "reset":
+            check(r["resets_torn_down"] == r["transport_resets"] == r["injected_failures"] > 0,
+                  "sglang reset: one transport reset per failed write, each proven torn down "
+                  "(%d failed writes, %d resets, %d torn down)" % (
+                      r["injected_failures"], r["transport_resets"], r["resets_torn_down"]))
     if r["scenario"] == "(stand-in)":
         called = [p for p, t in logs.items() if "KVFENCE-STANDIN-CALLED" in t]
         check(r["sgl_kernel_calls"] == 0 and not called,
               "sglang: the sgl_kernel stand-in was never called (%d calls recorded, %d logs name it)" % (r["sgl_kernel_calls"], len(called)))
-for rule in ("stock", "kvfence"):
+for rule in sorted({r["rule"] for r in rows if r["rule"] in ("stock", "kvfence", "reset")}):
     text = "".join(t for p, t in logs.items() if "-%s-" % rule in p)
     on = text.count("installed in this process") and "installed in this process" in text
     yes = text.count("): True")
     no = text.count("): False")
-    want_on = rule == "kvfence"
+    want_on = rule != "stock"
     check(on and (yes > 0 and no == 0) == want_on and (no > 0 and yes == 0) == (not want_on),
           "sglang %s: kvfence.sglang %s in the servers' KV-manager processes (%d say installed, %d not)"
           % (rule, "installed" if want_on else "absent", yes, no))

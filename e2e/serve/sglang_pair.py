@@ -96,8 +96,12 @@ class Server:
             KVFENCE_SERVE_CTL=ctl, KVFENCE_SERVE_ROLE=role,
             KVFENCE_STANDIN_CALLS=os.path.join(logdir, "standin-calls.txt"),
         )
-        if rule == "kvfence":
+        if rule in ("kvfence", "reset"):
             env["SGLANG_PLUGINS"] = "kvfence"  # what a user sets: SGLang's plugin allowlist
+        if rule == "reset":
+            # kvfence with its transport reset (kvfence.sglang.reset): a failed write's
+            # slots come back once the decode proves the old transport gone.
+            env["KVFENCE_SGLANG_RESET"] = "1"
         env.update(extra_env or {})
         self.log_path = os.path.join(logdir, f"{name}.log")
         self.log = open(self.log_path, "w")

@@ -342,8 +342,10 @@ class Resets:
             except OSError as e:
                 if s is not None:
                     s.close()
-                logger.warning("kvfence: cannot hold retired port %d (%s); this process "
-                               "will not serve on it again", port, e)
+                # (e.g. the kernel keeps it for a connection the peer has not closed yet,
+                # with no socket of this process on it)
+                logger.info("kvfence: cannot hold retired port %d (%s); no engine of this "
+                            "process will serve on it again", port, e)
                 s = None
             with self.lock:
                 self.retired_ports.add(port)
