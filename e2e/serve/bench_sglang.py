@@ -63,7 +63,7 @@ import openloop
 import sglang_pair
 from sglang_pair import Pair
 
-RULES = ("stock", "kvfence")
+RULES: Tuple[str, ...] = ("stock", "kvfence")  # --rules
 
 
 def client(pair: Pair, data: Dict[str, Any], hold_s: float, i: int, fault: str, rnd: float,
@@ -81,6 +81,20 @@ def client(pair: Pair, data: Dict[str, Any], hold_s: float, i: int, fault: str, 
             at = 0 if rnd < 0.35 else 1 + int((rnd - 0.35) / 0.65 * (n - 1))
             pair.hang_up(prompt, n, at, min(rnd, 0.3), prefill=pf)
             r.count("cancelled")
+            return
+        if fault == "stall" and FAULT == "fail":
+            # A failed write (-1 at the transfer call; its bytes land LATE_S later, as
+            # Mooncake's timeout with the batch still running): the client gets an error.
+            room = pair.next_room()
+            with open(os.path.join(pair.ctl, f"fail-{room}"), "w") as f:
+                f.write(str(LATE_S))
+            try:
+                pair.generate(prompt, n, prefill=pf, room=room)
+                r.count("failed_write_answered")
+            except Exception:  # noqa: BLE001 - expected: its write failed
+                pass
+            pair.remove(f"fail-{room}")  # never taken if the write never started
+            r.count("failed_writes")
             return
         if fault == "stall":
             room = pair.next_room()
@@ -103,7 +117,10 @@ def client(pair: Pair, data: Dict[str, Any], hold_s: float, i: int, fault: str, 
 
 
 #: Per rule, the rooms of the answers that came back wrong (for ``exposures``).
-WRONG_ROOMS: Dict[str, Set[int]] = {rule: set() for rule in RULES}
+WRONG_ROOMS: Dict[str, Set[int]] = {rule: set() for rule in ("stock", "kvfence", "reset")}
+#: --faults: "stall" (slow writes, the default) or "fail" (failed writes, -1); --late-s
+FAULT = "stall"
+LATE_S = 2.0
 _STAMP = r"KVFENCE-SERVE-HOOK (\d\d):(\d\d):(\d\d\.\d{3}) "
 
 
@@ -120,9 +137,18 @@ def exposures(pair: Pair) -> Dict[str, Any]:
     the prefill's drain ACK, so nothing may be exposed."""
     assert pair.prefill_b is not None
     landed: Dict[int, float] = {}
+    refused = 0
     for srv in (pair.prefill, pair.prefill_b):
         for m in re.finditer(_STAMP + r".*slow: the write of room (\d+) done", srv.log_text()):
             landed[int(m.group(4))] = _seconds(m)
+        # a failed write's late bytes (--faults fail): landed (rc 0), or refused (the
+        # decode's transport for it torn down: kvfence's reset)
+        for m in re.finditer(_STAMP + r".*fail: the late bytes of room (\d+): rc (-?\d+)",
+                             srv.log_text()):
+            if m.group(5) == "0":
+                landed[int(m.group(4))] = _seconds(m)
+            else:
+                refused += 1
     allocs: List[Tuple[float, int, Set[int]]] = []
     for m in re.finditer(_STAMP + r".*pages: room (\d+) got \d+ KV slots (\S+)", pair.decode.log_text()):
         slots: Set[int] = set()
@@ -137,7 +163,8 @@ def exposures(pair: Pair) -> Dict[str, Any]:
         for t, room, slots in allocs[k + 1:]:
             if t < landed[f_room] and room != f_room and slots & f_slots:
                 exposed.add(room)
-    return {"slow_writes_landed": len(landed), "exposed": len(exposed),
+    return {"slow_writes_landed": len(landed), "late_writes_refused": refused,
+            "exposed": len(exposed),
             "exposed_and_wrong": len(exposed & WRONG_ROOMS[pair.rule]),
             "wrong_not_exposed": len(WRONG_ROOMS[pair.rule] - exposed)}
 
@@ -150,7 +177,8 @@ def settle(pair: Pair, timeout: float = 90.0) -> float:
     while time.time() - t0 < timeout:
         names = [n for n in os.listdir(pair.ctl) if not n.endswith(".tmp")]
         held = sum(n.startswith("held-") for n in names)
-        done = sum(n.startswith("slowdone-") for n in names)
+        held += sum(n.startswith("fail-") and ".taken." in n for n in names)  # taken fails
+        done = sum(n.startswith("slowdone-") or n.startswith("faildone-") for n in names)
         if held == done and pair.decode.used_tokens() == 0:
             break
         time.sleep(0.5)
@@ -177,8 +205,16 @@ def main() -> int:
                     help="SGLang's deferred-release deadline (default 30 s; the scenarios' 4 s)")
     ap.add_argument("--hold-s", type=float, default=3.0)
     ap.add_argument("--decode-tokens", type=int, default=600)
+    ap.add_argument("--faults", choices=("stall", "fail"), default="stall",
+                    help="every --stall-every-th request: a slow write (stall) or a failed "
+                         "one (fail: -1, its bytes land --late-s later)")
+    ap.add_argument("--late-s", type=float, default=2.0)
+    ap.add_argument("--rules", default="stock,kvfence",
+                    help="stock, kvfence, reset (kvfence with KVFENCE_SGLANG_RESET=1)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
+    global RULES, FAULT, LATE_S
+    RULES, FAULT, LATE_S = tuple(a.rules.split(",")), a.faults, a.late_s
     sglang_pair.RELEASE_TIMEOUT_S = a.release_s  # read by every Server started below
     # SIGTERM (a CI timeout, a kill) ends the run through the finally below, which stops
     # every server; without it the servers' processes outlive the harness.
@@ -233,11 +269,22 @@ def main() -> int:
             p.stop()
     if not rows:
         return 1
-    summary = openloop.summarize(rows, {
+    summary = openloop.summarize(rows, rule=RULES[-1], extra={
         "engine": "sglang", "rounds": a.rounds, "round_s": a.round_s, "rate": a.rate,
         "paused_when_not_measured": True, "stall_every": a.stall_every, "cancel": a.cancel,
+        "faults": a.faults, "late_s": a.late_s if a.faults == "fail" else None,
         "hold_s": a.hold_s, "release_deadline_s": a.release_s,
         "decode_tokens": a.decode_tokens, "idle": idle})
+    if "reset" in RULES:
+        for rule in RULES:
+            if rule == "reset":
+                text = pairs[rule].decode.log_text()
+                back = [float(x) for x in re.findall(
+                    r"transport generation \d+ torn down ([0-9.]+) s after its reset", text)]
+                back.sort()
+                summary["reset"]["resets"] = text.count("kvfence: resetting prefill")
+                summary["reset"]["pages_back_s_p50"] = back[len(back) // 2] if back else None
+                summary["reset"]["pages_back_s_max"] = back[-1] if back else None
     openloop.report(summary, rows, a.out)
     return 0
 

@@ -52,6 +52,8 @@ class Round:
         self.errors = 0
         self.cancelled = 0
         self.stalled = 0
+        self.failed_writes = 0  # (bench_sglang --faults fail) requests whose write failed
+        self.failed_write_answered = 0
         self.lat: List[float] = []
 
     def answered(self, out: List[int], ref: List[int], dt: float, stalled: bool) -> None:
@@ -87,7 +89,8 @@ def run_round(client: Callable[[int, str, float, Round], None], arrivals: List[A
     wall = max(round_s, time.perf_counter() - t0)
     lat = sorted(r.lat)
     return {"arrivals": len(arrivals), "done": r.done, "wrong": r.wrong, "errors": r.errors,
-            "cancelled": r.cancelled, "stalled": r.stalled, "wall_s": round(wall, 2),
+            "cancelled": r.cancelled, "stalled": r.stalled, "failed_writes": r.failed_writes,
+            "wall_s": round(wall, 2),
             "req_per_s": r.done / wall, "tok_per_s": r.tokens / wall,
             "good_tok_per_s": r.good_tokens / wall,
             "p50_s": lat[len(lat) // 2] if lat else None,
@@ -138,6 +141,7 @@ def summarize(rows: Dict[str, List[Dict[str, Any]]], extra: Dict[str, Any],
             "errors": sum(r["errors"] for r in rows[name]),
             "cancelled": sum(r["cancelled"] for r in rows[name]),
             "stalled": sum(r["stalled"] for r in rows[name]),
+            "failed_writes": sum(r.get("failed_writes", 0) for r in rows[name]),
         }
     for key in ("req_per_s_median", "tok_per_s_median", "good_tok_per_s_median"):
         b = summary[baseline][key]

@@ -9,8 +9,11 @@
 #      kvfence's gates must attach to their __new__-built managers).
 #      They are in no package registry: when e2e/sglang/.upstream/ lacks them (a clean
 #      CI clone), a NOTICE says so and that part is skipped (named in the count line);
-#   3. python/tests/test_sglang_adapter.py and test_sglang_real_classes.py (SGLang's real
-#      classes, built as its unit tests build them) in the SGLang environment;
+#   1b. e2e/sglang/run --rules reset: write_failed and write_failed_inflight under kvfence's
+#      transport reset (KVFENCE_SGLANG_RESET=1): the failed write's pages must come back;
+#   3. python/tests/test_sglang_adapter.py, test_sglang_real_classes.py and
+#      test_sglang_reset.py (SGLang's real classes, built as its unit tests build them; real
+#      Mooncake engines for the reset) in the SGLang environment;
 #   4. the same two files on SGLang 0.5.22 (the older supported release, unit level only:
 #      SGLANG_VERSION=0.5.22 setup.sh, a small venv over the 0.5.23 one's packages, ~3 min).
 #      Where its wheel cannot be had from the registry, a SKIP with the reason in the count
@@ -66,13 +69,17 @@ for r in d["results"]:
 json.dump(d, open(path, "w"), indent=1)
 PY
 done
+# kvfence's transport reset (KVFENCE_SGLANG_RESET=1): a failed write, and one cut on the wire
+"$here/run" --runs 1 --rules reset --scenarios write_failed,write_failed_inflight --json \
+    > "$out/reset.json" 2>> "$out/e2e.err"
 "$venv/bin/python" "$here/unit/run.py" --python "$venv/bin/python" > "$out/unit.txt" 2>&1
 unit_rc=$?
 # kvfence.sglang's own tests, in the SGLang environment (install/uninstall on the real SGLang);
 # the pytest entry point, not `python -m pytest`, so that python/ cannot shadow the
 # installed package.
 (cd "$here/../../python" && KVFENCE_SGLANG=0 "$venv/bin/pytest" -q -p no:cacheprovider \
-    tests/test_sglang_adapter.py tests/test_sglang_real_classes.py) > "$out/adapter.txt" 2>&1
+    tests/test_sglang_adapter.py tests/test_sglang_real_classes.py tests/test_sglang_reset.py) \
+    > "$out/adapter.txt" 2>&1
 adapter_rc=$?
 # The same tests on SGLang 0.5.22 (its own patch table: kvfence._sglang_hooks).
 SGLANG_VERSION=0.5.22 "$here/setup.sh" > "$out/setup522.txt" 2>&1
@@ -82,7 +89,8 @@ if [ $old_rc = 0 ]; then
     # (python -P: python/ is not put first on sys.path, so it cannot shadow the
     # installed package; the 0.5.22 venv has no pytest script of its own)
     (cd "$here/../../python" && KVFENCE_SGLANG=0 "$old_venv/bin/python" -P -m pytest -q \
-        -p no:cacheprovider tests/test_sglang_adapter.py tests/test_sglang_real_classes.py) \
+        -p no:cacheprovider tests/test_sglang_adapter.py tests/test_sglang_real_classes.py \
+        tests/test_sglang_reset.py) \
         > "$out/adapter522.txt" 2>&1
     old_rc=$?
 fi
@@ -131,6 +139,21 @@ if d:
     for rule in ("stock", "kvfence"):
         check("normal path byte-exact (%s)" % rule, ("normal", rule) in rows
               and rows[("normal", rule)]["corrupted_runs"] == 0)
+try:
+    rs = {r["scenario"]: r for r in json.load(open(out + "/reset.json"))["results"]}
+except Exception as e:
+    rs = {}
+    check("e2e/sglang/run --rules reset ran", False, "%s\n%s" % (e, open(out + "/e2e.err").read()[-3000:]))
+for sc in ("write_failed", "write_failed_inflight"):
+    r = rs.get(sc)
+    if rs:
+        check("%s/reset: the failed write's pages come back (0 corrupted, 0 lost, 0 "
+              "quarantined, one proven transport reset per run)" % sc,
+              r is not None and r["corrupted_runs"] == 0 and r["lost_pages"] == 0
+              and r["quarantined_pages"] == 0 and r["released_after_median_s"] is not None
+              and r["reset_proven"] == r["resets"] == r["runs"] > 0,
+              "released after %s s, %s resets" % (r and r["released_after_median_s"],
+                                                  r and r["reset_proven"]))
 u = open(out + "/unit.txt").read()
 if unit_rc == 77:
     print([l for l in u.splitlines() if l.startswith("NOTICE")][0])
@@ -144,7 +167,8 @@ else:
           unit_rc == 0 and m is not None and m.group(2) == "0",
           m.group(0) if m else "rc=%d\n%s" % (unit_rc, u[-3000:]))
 a = open(out + "/adapter.txt").read()
-check("kvfence.sglang's own tests (python/tests/test_sglang_adapter.py, test_sglang_real_classes.py)", adapter_rc == 0,
+check("kvfence.sglang's own tests (python/tests/test_sglang_adapter.py, test_sglang_real_classes.py, "
+      "test_sglang_reset.py)", adapter_rc == 0,
       (a.strip().splitlines() or ["no output"])[-1] if adapter_rc == 0 else a[-3000:])
 if old_rc == 77:
     print("NOTICE: the SGLang 0.5.22 environment cannot be built here: "
@@ -157,7 +181,8 @@ else:
     except OSError:  # the setup failed
         a = "setup: " + open(out + "/setup522.txt").read()
     check("kvfence.sglang's own tests on SGLang 0.5.22 (unit level: test_sglang_adapter.py, "
-          "test_sglang_real_classes.py)", old_rc == 0,
+          "test_sglang_real_classes.py; test_sglang_reset.py's reset tests skip: 0.5.23 only)",
+          old_rc == 0,
           (a.strip().splitlines() or ["no output"])[-1] if old_rc == 0 else a[-3000:])
 print("%d passed, %d failed%s" % (passed, failed, "".join(
     ", 1 skipped (%s)" % why for why in skipped)))

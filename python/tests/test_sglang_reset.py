@@ -80,6 +80,10 @@ class ResetDecode(Decode):
     region (``kv``), so that kvfence can make generation engines like it."""
 
     def __init__(self, **kw: Any) -> None:
+        from kvfence.sglang import decode as kdec
+        if kdec._RELEASE != "0.5.23":
+            pytest.skip("the transport reset needs SGLang 0.5.23 (installed: %s)"
+                        % kdec._RELEASE)
         self.kv = np.zeros(N, dtype=np.uint8)
         shared = MooncakeTransferEngine(hostname="127.0.0.1")
         self.shared = shared
@@ -381,3 +385,44 @@ def test_the_kvfence_prefill_tells_the_decode_of_a_failed_write_with_a_reason() 
     assert (room, status, rank) == (98, KVPoll.Failed, 0)
     assert why is not None and why.startswith("Failed to send")
     assert 98 in p.mgr._deferred_ack_poisoned_rooms  # SGLang's own poison ran too
+
+
+def test_a_failed_write_reported_before_the_abort_still_resets(_freed: List[str]) -> None:
+    """The prefill's Failed status comes first, the decode's abort later (its failure
+    record overwritten by the abort's): the noted failure waits for the room to open,
+    even across drains that ran meanwhile (another request held), then resets. Both
+    requests of the generation are released by its fence."""
+    d = ResetDecode()
+    try:
+        b = d.request(100, "B")
+        d.abort_and_hold([b])  # held: every resolve below drains
+        a = d.request(101, "A")
+        d.failed_write(101)
+        d.q.resolve_deferred_releases()  # A's room is not open yet
+        assert d.rs.resets == 0 and 101 in d.gate.failed_pending
+        d.mgr.record_failure(101, "Aborted by AbortReq")
+        d.abort_and_hold([a, b])
+        assert _resolve_until(d, _freed, "A", 15)
+        assert _resolve_until(d, _freed, "B", 2)
+        assert d.rs.resets == 1 and d.rs.proven == 1 and not d.gate.failed_pending
+    finally:
+        d.close()
+
+
+def test_no_ack_for_reset_after_seconds_resets(_freed: List[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stock prefill says nothing of a failed write (Mooncake's status carries no
+    reason): a room of the current generation with no ACK for ``reset_after`` seconds
+    resets it. Time only starts the reset: before it the pages are held; after it, the
+    teardown proof releases them."""
+    monkeypatch.setattr(_state, "config", Config(reset=True, reset_after=0.5))
+    d = ResetDecode()
+    try:
+        a = d.request(102, "A")
+        d.abort_and_hold([a])
+        assert not _resolve_until(d, _freed, "A", 0.3)
+        assert d.rs.resets == 0
+        assert _resolve_until(d, _freed, "A", 15)
+        assert d.rs.resets == 1 and d.rs.proven == 1
+    finally:
+        d.close()

@@ -134,6 +134,24 @@ def _patch_engine(mod) -> None:  # type: ignore[no-untyped-def]
             threading.Thread(target=late, name="kvfence-serve-late-write", daemon=True).start()
             return -1
         room = getattr(_current, "room", None)
+        late = _claim_text("fail-%s" % room) if room is not None else None
+        if late is not None:
+            # The bench's failed write: -1 now, the same bytes land ``late`` s later.
+            import time
+
+            args = (session_id, list(buffers), list(peer_buffer_addresses), list(lengths))
+            _log("fail: returned -1 for a write of room %s (%d bytes to %s); its bytes land "
+                 "in %s s" % (room, nbytes, session_id, late))
+
+            def land_later() -> None:
+                time.sleep(float(late or 0))
+                rc = orig(self, *args)
+                _log("fail: the late bytes of room %s: rc %s" % (room, rc))
+                _write("faildone-%s" % room, str(rc))
+
+            threading.Thread(target=land_later, name="kvfence-serve-late-write",
+                             daemon=True).start()
+            return -1
         slow = _claim_text("slow-%s" % room) if room is not None else None
         if slow is not None:
             import time

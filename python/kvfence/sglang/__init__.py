@@ -276,6 +276,13 @@ def uninstall(force: bool = False) -> None:
             logger.error("kvfence.sglang: uninstalled with %d aborted requests held: "
                          "their pages are never freed: %s%s", len(held), what, more)
         _patches.undo()
+        for g in list(_state.decode_gates):
+            if g.resets is not None:
+                # SGLang registered this decode with each prefill under a generation's
+                # session: drop those registrations so its next request registers under
+                # SGLang's own session again (the engines stay, for transfers in flight).
+                for mgr in list(g.managers):
+                    g.resets.forget_registrations(mgr)
         from sglang.srt.disaggregation.common.conn import CommonKVManager  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
         if isinstance(CommonKVManager.__dict__.get("_kvfence_gate"), _LazyGate):

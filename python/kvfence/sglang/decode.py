@@ -218,6 +218,10 @@ class DecodeGate:
     # thread: list.append), taken by drain (scheduler thread: one swap): each held
     # request of such a room resets its transport generation.
     failed_writes: List[int] = field(default_factory=list)
+    # bootstrap_room -> when its failed write was noted, for rooms not open yet when
+    # drain took them (the Failed status comes before the decode's abort): kept until the
+    # room opens (its reset then) or for _FAILED_KEEP_S. Scheduler thread.
+    failed_pending: Dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.capacity = self.table.rooms
@@ -397,7 +401,7 @@ class DecodeGate:
                             "with kvfence (KVFENCE_SGLANG=1). Its pages stay held until its "
                             "writers ACK or are fenced (fence_prefill)", rec.room, now - t,
                             rec.addr)
-        if self.failed_writes:
+        if self.failed_writes or self.failed_pending:
             self.reset_failed()
         if not self.table.queued_releases():
             return
@@ -421,9 +425,19 @@ class DecodeGate:
         rs = self.resets
         if rs is None:
             return
-        mgr = next(iter(self.managers), None)
+        now = time.monotonic()
+        pending = self.failed_pending
         for room in rooms:
-            for h in self.room_handles.get(room, ()):
+            pending.setdefault(room, now)
+        mgr = next(iter(self.managers), None)
+        for room, t in list(pending.items()):
+            hs = self.room_handles.get(room, ())
+            if not hs:
+                if now - t > _FAILED_KEEP_S:
+                    del pending[room]  # never opened here (not held: nothing to free)
+                continue
+            del pending[room]
+            for h in hs:
                 rec = self.records.get(h)
                 gen = rec.holds[0].gen if rec is not None else None
                 if gen is not None and not gen.retired and h not in self.decided:
@@ -634,6 +648,8 @@ _KEY = "_kvfence_gate"  # the gate, an attribute of a decode manager
 # ...", "Failed to send state components of ..."), recorded on the decode as the room's
 # failure (apply_prefill_status): what starts a reset at once.
 _SEND_FAILED = "Failed to send"
+#: How long a reported failed write waits for its room to open (DecodeGate.failed_pending)
+_FAILED_KEEP_S = 60.0
 _monotonic = time.monotonic
 _ROOM_GONE = (kvfence.RoomClosed, kvfence.StaleHandle)
 _ERROR = kvfence.Error

@@ -246,9 +246,25 @@ class Resets:
         gen = Generation(addr, no, eng, session, ports)
         self.made[addr] = no
         self.current[addr] = gen
+        # A registration SGLang cached before (under another session: kvfence installed
+        # after this decode first talked to the instance) must not serve this generation.
+        self.forget_registrations(mgr, addr)
         logger.info("kvfence: prefill %s writes to this decode through %s (generation %d, "
                     "ports %s)", addr, session, no, sorted(ports))
         return gen
+
+    def forget_registrations(self, mgr: Any, addr: Optional[str] = None) -> None:
+        """Drops SGLang's cached registration with the prefill at ``addr`` (every one
+        with a generation if None), so that its next request registers again."""
+        lock = getattr(mgr, "connection_lock", None)
+        pool = getattr(mgr, "connection_pool", None)
+        if lock is None or pool is None:
+            return
+        addrs = [addr] if addr is not None else list(self.current)
+        with lock:
+            for a in addrs:
+                for k in [k for k in pool if isinstance(k, str) and k.startswith(a + "_")]:
+                    del pool[k]
 
     def reset(self, gate: Any, mgr: Any, gen: Generation, why: str) -> bool:
         """Retires ``gen`` (if current) and starts its teardown; False if it was not."""
@@ -259,12 +275,7 @@ class Resets:
         self.resets += 1
         addr = gen.addr
         # The next request to the instance registers again (under a new generation).
-        lock = getattr(mgr, "connection_lock", None)
-        pool = getattr(mgr, "connection_pool", None)
-        if lock is not None and pool is not None:
-            with lock:
-                for k in [k for k in pool if isinstance(k, str) and k.startswith(addr + "_")]:
-                    del pool[k]
+        self.forget_registrations(mgr, addr)
         # New kvfence ids for it from now on; the old ones wait for the proof.
         gate.retire(addr)
         logger.warning("kvfence: resetting prefill %s's transport to this decode "
