@@ -49,8 +49,13 @@ Threads and guards: :attr:`Resets.current` and every :class:`Generation` field b
 ``proven`` are written on the scheduler thread only; ``proven``, the counters the
 teardown threads write, the port holders and the retired ports are guarded by
 :attr:`Resets.lock`, a leaf lock (nothing else is taken while it is held, and it is never
-taken under an SGLang lock). ``kvfence`` table calls made under it are lock-free.
-:data:`_override` is thread-local.
+taken under an SGLang lock). ``kvfence`` table calls made under it are lock-free. SGLang's
+``connection_lock`` is taken alone (no kvfence lock held) to drop cached registrations
+(:meth:`Resets.forget_registrations`), on the scheduler thread or at ``uninstall``.
+:data:`_override` is thread-local. Port discovery (the listening ports a new engine
+opened, read from ``/proc`` before and after making it) assumes nothing else of this
+process opens a listener meanwhile; if something does, that port counts as the engine's
+and the proof waits for it too (pages held, logged after 10 s: never an early release).
 
 Limits, each checked: Mooncake's TCP transport only (``MOONCAKE_PROTOCOL=tcp`` or
 ``MC_FORCE_TCP=1``; RDMA writes land with no engine thread involved), no staging
