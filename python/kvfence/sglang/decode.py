@@ -63,6 +63,14 @@ SGLang method (0.5.23; on 0.5.22 see below)  what kvfence adds
                                               transport is proven torn down (:mod:`.teardown`:
                                               no socket left from its bootstrap host or any
                                               ``rank_ip`` its ranks registered)
+``CommonKVReceiver._setup_bootstrap_infos``   with the transport reset on (:mod:`.reset`):
+                                              the instance's generation (made here on first
+                                              contact); SGLang registers under its session;
+                                              the receiver keeps it for ``send_metadata``
+``MooncakeKVManager.get_session_id``          the generation's session inside those two
+                                              calls (thread-local); SGLang's own otherwise
+``CommonKVManager.apply_prefill_status``      a prefill's "Failed to send ..." noted for
+                                              the next drain, which resets the generation
 ============================================  =================================================
 
 On SGLang 0.5.22 (``patches("0.5.22")``) the request's metadata goes out through

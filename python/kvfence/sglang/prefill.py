@@ -22,7 +22,9 @@ SGLang method (0.5.22 and 0.5.23)               what kvfence adds
                                                 chunk: it marked the room Failed first)
 ``MooncakeKVManager._poison_unsettled_send``    a write returned -1: ``fail()`` on the
                                                 chunk's transfer (Mooncake may still be
-                                                writing: the room is never "drained")
+                                                writing: the room is never "drained"),
+                                                and the decode is told, with a reason
+                                                (``_tell_decode``: its transport reset)
 ``MooncakeKVManager._handle_abort_notification``  ``abort`` on the room (after SGLang marked
                                                 it Failed and registered the ACK target)
 ``CommonKVManager._maybe_ack_drained_abort``    holds the ACK while kvfence's room is not
