@@ -201,22 +201,24 @@ def s_deadline_expired(pp: Pair, run: int) -> Dict[str, Any]:
     return race(pp, run, mode="hold", delay=1.5, deadline=0.5, budget=2.5)
 
 
-def s_write_failed(pp: Pair, run: int) -> Dict[str, Any]:
-    # -1 at once while the bytes keep going (land at +1 s); r2 at +1.5 s at the latest.
+def _failed_write(pp: Pair, run: int, **kw: Any) -> Dict[str, Any]:
+    # -1 from the transfer call while the bytes keep going; r2 at +1.5 s at the latest.
+    # The prefill blacklisted the decode's session: un-blacklisted after (as its probe would).
     try:
-        return race(pp, run, mode="fail", delay=1.0, deadline=0.5, budget=5.5, r2_by=1.5)
+        return race(pp, run, deadline=0.5, budget=5.5, r2_by=1.5, **kw)
     finally:
         pp.p.call(op="unblacklist")
+
+
+def s_write_failed(pp: Pair, run: int) -> Dict[str, Any]:
+    # -1 at once, the bytes land at +1 s.
+    return _failed_write(pp, run, mode="fail", delay=1.0)
 
 
 def s_write_failed_inflight(pp: Pair, run: int) -> Dict[str, Any]:
-    # A 256 MiB write on the wire when the transfer call returns -1 (at +50 ms; the write
-    # goes on: Mooncake's timeout with the batch still running). R2 at +1.5 s at the latest.
-    try:
-        return race(pp, run, mode="fail_inflight", delay=0.05, deadline=0.5, budget=5.5,
-                    pages=LARGE, r2_by=1.5)
-    finally:
-        pp.p.call(op="unblacklist")
+    # A 256 MiB write on the wire when the call returns -1 at +50 ms (Mooncake's timeout
+    # with the batch still running).
+    return _failed_write(pp, run, mode="fail_inflight", delay=0.05, pages=LARGE)
 
 
 def s_deferred_off(pp: Pair, run: int) -> Dict[str, Any]:
@@ -313,7 +315,8 @@ def account(pp: Pair, before_q: int) -> Dict[str, Any]:
     resets = [g.get("reset") or {} for g in kv.get("decode", [])]
     return {"resets": sum(r.get("resets", 0) for r in resets),
             "reset_proven": sum(r.get("proven", 0) for r in resets),
-            "reset_refused": sum(r.get("refused_requests", 0) for r in resets),"free": st["free"], "total": st["total"], "held_pages": st["held_pages"],
+            "reset_refused": sum(r.get("refused_requests", 0) for r in resets),
+            "free": st["free"], "total": st["total"], "held_pages": st["held_pages"],
             "held": st["held"], "queue": st["queue"], "quarantined_rooms": q_rooms,
             "quarantined_kv_pages": st.get("quarantined_kv_pages", 0)}
 

@@ -324,14 +324,6 @@ class DecodeGate:
         self.records[h] = rec
         self.room_handles[room] = self.room_handles.get(room, ()) + (h,)
         receiver._kvfence = h
-        if gen is not None and not gen.retired and self.resets is not None:
-            # The prefill reported its write failed (-1: the bytes may still land, and it
-            # will never ACK): reset its transport now (.reset) rather than hold for good.
-            records = getattr(receiver.kv_mgr, "failure_records", None)
-            failed = records.get(room) if records else None
-            if isinstance(failed, str) and failed.startswith(_SEND_FAILED):
-                self.resets.reset(self, receiver.kv_mgr, gen,
-                                  "request %s: %s" % (room, failed))
         return h
 
     def writers_of(self, receiver: Any, gen: Optional[Generation] = None) -> "_Writers":
@@ -390,12 +382,11 @@ class DecodeGate:
                         continue
                     gen = rec.holds[0].gen
                     ra = _state.config.reset_after
-                    if gen is not None and ra is not None and now - t >= ra \
-                            and not gen.retired and self.resets is not None:
+                    if gen is not None and not gen.retired and ra is not None \
+                            and now - t >= ra:
                         # Time starts a reset; only its teardown proof releases.
-                        mgr = next(iter(self.managers), None)
-                        self.resets.reset(self, mgr, gen, "aborted request %s held %.1f s "
-                                          "with no ABORT_ACK" % (rec.room, now - t))
+                        self.reset_gen(gen, "aborted request %s held %.1f s with no "
+                                       "ABORT_ACK" % (rec.room, now - t))
                     elif q is not None and now - t >= q:
                         self.quarantine(h, "no ACK and no fence for %.1f s" % (now - t))
                     elif now - t >= overdue and \
@@ -430,14 +421,10 @@ class DecodeGate:
         """Resets the transport generation of every held request of a room whose prefill
         reported a failed write since the last call (:attr:`failed_writes`)."""
         rooms, self.failed_writes = self.failed_writes, []
-        rs = self.resets
-        if rs is None:
-            return
         now = time.monotonic()
         pending = self.failed_pending
         for room in rooms:
             pending.setdefault(room, now)
-        mgr = next(iter(self.managers), None)
         for room, t in list(pending.items()):
             hs = self.room_handles.get(room, ())
             if not hs:
@@ -447,10 +434,15 @@ class DecodeGate:
             del pending[room]
             for h in hs:
                 rec = self.records.get(h)
-                gen = rec.holds[0].gen if rec is not None else None
-                if gen is not None and not gen.retired and h not in self.decided:
-                    rs.reset(self, mgr, gen, "its prefill reported request %s's write "
-                             "failed" % room)
+                if rec is not None and h not in self.decided:
+                    self.reset_gen(rec.holds[0].gen, "its prefill reported request %s's "
+                                   "write failed" % room)
+
+    def reset_gen(self, gen: Optional[Generation], why: str) -> None:
+        """Resets transport generation ``gen`` (:meth:`Resets.reset`: only if it is its
+        instance's current one; nothing for a request sent under no generation)."""
+        if gen is not None and self.resets is not None:
+            self.resets.reset(self, next(iter(self.managers), None), gen, why)
 
     def forget(self, h: int) -> Optional[RoomRecord]:
         """Drops the record of ``h`` (and ``h`` from its bootstrap_room's handles; the
@@ -652,9 +644,9 @@ class DecodeGate:
 _WHY_FIRST = 10.0
 _WHY_EVERY = 60.0
 _KEY = "_kvfence_gate"  # the gate, an attribute of a decode manager
-# How SGLang's prefill words a failed write (conclude_failure: "Failed to send kv chunk of
-# ...", "Failed to send state components of ..."), recorded on the decode as the room's
-# failure (apply_prefill_status): what starts a reset at once.
+# How a failed write is worded ("Failed to send ..."): SGLang's prefill (conclude_failure,
+# whose reason Mooncake's status does not carry) and kvfence's prefill (_tell_decode, whose
+# reason it does); seen on the decode by apply_prefill_status: what starts a reset at once.
 _SEND_FAILED = "Failed to send"
 #: How long a reported failed write waits for its room to open (DecodeGate.failed_pending)
 _FAILED_KEEP_S = 60.0
@@ -708,7 +700,7 @@ def attach(mgr: Any) -> DecodeGate:
         from .reset import unsupported
         why = unsupported(mgr, _RELEASE)
         if why is None:
-            gate.resets = Resets(_RELEASE)
+            gate.resets = Resets()
         else:
             logger.error("kvfence: KVFENCE_SGLANG_RESET=1 but the transport reset cannot "
                          "run here: %s; a failed write holds its pages until its prefill "
@@ -740,11 +732,11 @@ def _send_metadata(orig: Callable[..., Any]) -> Callable[..., Any]:
                       device_kv_indices: Any = None) -> Any:
         gate = getattr(self.kv_mgr, _KEY, None)
         if gate is not None and self.bootstrap_infos is not None:
-            pin = getattr(self, _ATTR, None)
-            if pin is not None and type(pin) is Generation:
-                # KVFENCE_SGLANG_RESET: sent under the generation it registered under
+            if gate.resets is not None and type(getattr(self, _ATTR, None)) is Generation:
+                # KVFENCE_SGLANG_RESET (checked first: without it a receiver has no
+                # attribute yet here): sent under the generation it registered under
                 # (.reset), or not at all.
-                return _send_pinned(self, gate, pin, orig, kv_indices, aux_index,
+                return _send_pinned(self, gate, self._kvfence, orig, kv_indices, aux_index,
                                     state_indices, decode_prefix_len, destination,
                                     device_kv_indices)
             # The writers depend only on the prefill instance: its info, which SGLang

@@ -183,10 +183,8 @@ def _destroy(eng: Any) -> None:
 class Resets:
     """The generations of one gated decode manager (see the module docstring)."""
 
-    def __init__(self, release: str = "0.5.23",
-                 make: Callable[[Any], Tuple[Any, str, Set[int]]] = _make_engine,
+    def __init__(self, make: Callable[[Any], Tuple[Any, str, Set[int]]] = _make_engine,
                  destroy: Callable[[Any], None] = _destroy) -> None:
-        self.release = release
         self.make = make
         self.destroy = destroy
         # bootstrap_addr -> its current generation, or None where none could be made (the
